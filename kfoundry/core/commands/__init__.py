@@ -1,0 +1,1 @@
+"""``kf-run`` subcommands, one module each; :mod:`kfoundry.core.cli` lists them."""

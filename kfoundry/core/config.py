@@ -1,0 +1,278 @@
+"""The run configuration: pydantic models, TOML loading, ``--set`` overrides, plugin options.
+
+Unknown keys are errors that name their path; each plugin's ``options`` table is validated
+against the options model that plugin registered.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kfoundry.core.errors import ConfigError, PluginError
+from kfoundry.core.plugins import PluginKind, PluginManager, get_plugin_manager
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class Strict(BaseModel):
+    """Base for config sections: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PluginChoice(Strict):
+    """A named plugin and its options (validated against the plugin's own options model)."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class BackendConfig(PluginChoice):
+    name: str = "opencl"
+    #: Device by index or by a case-insensitive substring of its name; None: the first device.
+    device: str | int | None = None
+
+
+class LLMConfig(PluginChoice):
+    name: str = "offline"
+    #: Relative weight in ``sample`` mode and prior in ``bandit`` mode.
+    weight: float = Field(default=1.0, gt=0)
+    #: Model name for LLM providers (ignored by the offline generator).
+    model: str | None = None
+
+
+class EnsembleConfig(Strict):
+    mode: Literal["sample", "bandit", "vote"] = "sample"
+    #: How many proposals the vote keeps for evaluation (vote mode).
+    keep: int = Field(default=2, ge=1)
+
+
+class SearchConfig(PluginChoice):
+    name: str = "map_elites"
+
+
+class TunerConfig(PluginChoice):
+    name: str = "bayesian"
+    #: Tune the elites every N generations (0: only at the end; -1: never).
+    every: int = 0
+    #: Unique configurations evaluated per tuning of one kernel.
+    evaluations: int = Field(default=30, ge=1)
+    #: How many elites are tuned each time.
+    elites: int = Field(default=2, ge=1)
+
+
+class ExecutorConfig(PluginChoice):
+    name: str = "local"
+
+
+class BudgetConfig(Strict):
+    generations: int = Field(default=8, ge=1)
+    proposals_per_generation: int = Field(default=4, ge=1)
+    evaluations: int | None = Field(default=None, ge=1)
+    wall_time_s: float | None = Field(default=None, gt=0)
+    llm_tokens: int | None = Field(default=None, ge=0)
+    llm_cost_usd: float | None = Field(default=None, ge=0)
+    #: Stop after this many generations without a better kernel (None: never).
+    stagnation_generations: int | None = Field(default=None, ge=1)
+
+
+class EvaluationConfig(Strict):
+    trials: int = Field(default=5, ge=1)
+    atol: float | None = Field(default=None, gt=0, description="absolute tolerance; None: by dtype")
+    rtol: float | None = Field(default=None, gt=0, description="relative tolerance; None: by dtype")
+    timeout_s: float = Field(default=120.0, gt=0)
+    memory_limit_mb: int | None = Field(default=8192, ge=64)
+    warmup_s: float = Field(default=0.05, ge=0)
+    min_repeats: int = Field(default=10, ge=3)
+    max_repeats: int = Field(default=200, ge=3)
+    #: Time spent measuring each kernel; the repeat count adapts to it.
+    target_time_s: float = Field(default=0.3, gt=0)
+    #: Rotate among copies of the inputs until they exceed this many bytes (defeats warm caches).
+    rotate_bytes: int = Field(default=64 * 2**20, ge=0)
+    #: Flag a speedup above this for review even if under the roofline.
+    flag_speedup_above: float = 10.0
+    cache: bool = True
+
+
+class ProblemConfig(Strict):
+    #: Path to a problem file (KernelBench ``.py`` or a native task ``.toml``).
+    path: str | None = None
+    #: Overrides of module-level shape constants, e.g. ``{batch_size = 8}``.
+    shapes: dict[str, int | float] = Field(default_factory=dict)
+
+
+class RunConfig(Strict):
+    """Everything a run needs. Every section has defaults: an empty file is a valid config."""
+
+    problem: ProblemConfig = Field(default_factory=ProblemConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    llms: list[LLMConfig] = Field(default_factory=lambda: [LLMConfig()])
+    ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    tuner: TunerConfig = Field(default_factory=TunerConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    output_dir: str = "kf-runs"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _at_least_one_llm(self) -> RunConfig:
+        if not self.llms:
+            raise ValueError("llms must name at least one generator")
+        return self
+
+
+def _format_location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "", source: str = "") -> str:
+    """One line: where the first problem is and what it is."""
+    err = exc.errors()[0]
+    loc = _format_location(tuple(err["loc"]))
+    if prefix:
+        loc = f"{prefix}.{loc}" if loc != "(top level)" else prefix
+    where = f" in {source}" if source else ""
+    if err["type"] == "extra_forbidden":
+        return f"config error{where}: unknown key {loc}"
+    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"config error{where}: {loc}: {err['msg']} (got {err.get('input')!r}){more}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a","b","c"], value); the value is read as TOML, else as a string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set ``data[path[0]][path[1]]... = value``; ``llms.0.name`` indexes into lists."""
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        if isinstance(node, list):
+            idx = int(part) if part.isdigit() else -1
+            if not 0 <= idx < len(node):
+                raise ConfigError(f"--set {'.'.join(path)}: no list item {part!r}")
+            node = node[idx]
+            continue
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = [{}] if part == "llms" and path[i + 1].isdigit() else {}
+            node[part] = nxt
+        node = nxt
+    last = path[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(f"--set {'.'.join(path)}: no list item {last!r}")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; errors name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config error in {p}: {exc}") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    data: dict[str, Any] | None = None,
+    manager: PluginManager | None = None,
+    validate_plugins: bool = True,
+) -> RunConfig:
+    """Build a :class:`RunConfig` from a TOML file (or ``data``) plus ``--set`` overrides."""
+    raw: dict[str, Any] = dict(data or {})
+    source = str(path) if path else ""
+    if path:
+        raw.update(read_toml(path))
+    for text in overrides:
+        key_path, value = parse_override(text)
+        apply_override(raw, key_path, value)
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source=source)) from None
+    if validate_plugins:
+        validate_plugin_options(config, manager or get_plugin_manager(), source=source)
+    return config
+
+
+def plugin_choices(config: RunConfig) -> list[tuple[str, PluginKind, PluginChoice]]:
+    """Every plugin a config names: (key path, kind, choice)."""
+    choices: list[tuple[str, PluginKind, PluginChoice]] = [
+        ("backend", "backend", config.backend),
+        ("search", "search", config.search),
+        ("tuner", "tuner", config.tuner),
+        ("executor", "executor", config.executor),
+    ]
+    choices += [(f"llms[{i}]", "llm", llm) for i, llm in enumerate(config.llms)]
+    return choices
+
+
+def validate_plugin_options(config: RunConfig, manager: PluginManager, source: str = "") -> None:
+    """Check every named plugin exists and its ``options`` match its options model."""
+    where = f" in {source}" if source else ""
+    for key, kind, choice in plugin_choices(config):
+        try:
+            spec = manager.get(kind, choice.name)
+        except PluginError as exc:
+            raise ConfigError(f"config error{where}: {key}.name: {exc}") from None
+        try:
+            spec.options_model.model_validate(choice.options)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, prefix=f"{key}.options", source=source)) from None
+
+
+def plugin_options(choice: PluginChoice, kind: PluginKind, manager: PluginManager | None = None) -> BaseModel:
+    """The validated options model instance for a configured plugin."""
+    spec = (manager or get_plugin_manager()).get(kind, choice.name)
+    return spec.options_model.model_validate(choice.options)
+
+
+def build_plugin(choice: PluginChoice, kind: PluginKind, manager: PluginManager | None = None) -> Any:
+    """Build the plugin object a config section names."""
+    spec = (manager or get_plugin_manager()).get(kind, choice.name)
+    return spec.build(choice.options)
+
+
+def resolved_config(config: RunConfig, manager: PluginManager | None = None) -> dict[str, Any]:
+    """The config as plain data with every plugin's option defaults filled in."""
+    data = config.model_dump(mode="json")
+    manager = manager or get_plugin_manager()
+    for key, kind, choice in plugin_choices(config):
+        try:
+            options = plugin_options(choice, kind, manager).model_dump(mode="json")
+        except (PluginError, ValidationError):
+            continue
+        if key.startswith("llms["):
+            data["llms"][int(key[5:-1])]["options"] = options
+        else:
+            data[key]["options"] = options
+    return data
