@@ -30,28 +30,37 @@ class Strict(BaseModel):
 class PluginChoice(Strict):
     """A named plugin and its options (validated against the plugin's own options model)."""
 
-    name: str
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description="Registered plugin name (see `kf-run plugins`).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="The plugin's own options (see Plugin options below)."
+    )
 
 
 class BackendConfig(PluginChoice):
     name: str = "opencl"
-    #: Device by index or by a case-insensitive substring of its name; None: the first device.
-    device: str | int | None = None
+    device: str | int | None = Field(
+        default=None,
+        description="Device by index or by a case-insensitive substring of its name; None: the first device.",
+    )
 
 
 class LLMConfig(PluginChoice):
     name: str = "offline"
-    #: Relative weight in ``sample`` mode and prior in ``bandit`` mode.
-    weight: float = Field(default=1.0, gt=0)
-    #: Model name for LLM providers (ignored by the offline generator).
-    model: str | None = None
+    weight: float = Field(
+        default=1.0, gt=0, description="Relative weight in ``sample`` mode and prior in ``bandit`` mode."
+    )
+    model: str | None = Field(
+        default=None, description="Model name for LLM providers (ignored by the offline generator)."
+    )
 
 
 class EnsembleConfig(Strict):
-    mode: Literal["sample", "bandit", "vote"] = "sample"
-    #: How many proposals the vote keeps for evaluation (vote mode).
-    keep: int = Field(default=2, ge=1)
+    mode: Literal["sample", "bandit", "vote"] = Field(
+        default="sample", description="sample: weighted choice; bandit: UCB on gain per cost; vote: Borda."
+    )
+    keep: int = Field(
+        default=2, ge=1, description="How many proposals the vote keeps for evaluation (vote mode)."
+    )
 
 
 class SearchConfig(PluginChoice):
@@ -60,12 +69,13 @@ class SearchConfig(PluginChoice):
 
 class TunerConfig(PluginChoice):
     name: str = "bayesian"
-    #: Tune the elites every N generations (0: only at the end; -1: never).
-    every: int = 0
-    #: Unique configurations evaluated per tuning of one kernel.
-    evaluations: int = Field(default=30, ge=1)
-    #: How many elites are tuned each time.
-    elites: int = Field(default=2, ge=1)
+    every: int = Field(
+        default=0, description="Tune the elites every N generations (0: only at the end; -1: never)."
+    )
+    evaluations: int = Field(
+        default=30, ge=1, description="Unique configurations evaluated per tuning of one kernel."
+    )
+    elites: int = Field(default=2, ge=1, description="How many elites are tuned each time.")
 
 
 class ExecutorConfig(PluginChoice):
@@ -73,39 +83,50 @@ class ExecutorConfig(PluginChoice):
 
 
 class BudgetConfig(Strict):
-    generations: int = Field(default=8, ge=1)
-    proposals_per_generation: int = Field(default=4, ge=1)
-    evaluations: int | None = Field(default=None, ge=1)
-    wall_time_s: float | None = Field(default=None, gt=0)
-    llm_tokens: int | None = Field(default=None, ge=0)
-    llm_cost_usd: float | None = Field(default=None, ge=0)
-    #: Stop after this many generations without a better kernel (None: never).
-    stagnation_generations: int | None = Field(default=None, ge=1)
+    generations: int = Field(default=8, ge=1, description="Search generations.")
+    proposals_per_generation: int = Field(default=4, ge=1, description="Candidates proposed per generation.")
+    evaluations: int | None = Field(default=None, ge=1, description="Cap on evaluations (None: no cap).")
+    wall_time_s: float | None = Field(default=None, gt=0, description="Cap on wall-clock seconds.")
+    llm_tokens: int | None = Field(default=None, ge=0, description="Cap on LLM tokens (prompt + completion).")
+    llm_cost_usd: float | None = Field(default=None, ge=0, description="Cap on LLM spend in US dollars.")
+    stagnation_generations: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop after this many generations without a better kernel (None: never).",
+    )
 
 
 class EvaluationConfig(Strict):
-    trials: int = Field(default=5, ge=1)
+    trials: int = Field(default=5, ge=1, description="Correctness trials, each with fresh random inputs.")
     atol: float | None = Field(default=None, gt=0, description="absolute tolerance; None: by dtype")
     rtol: float | None = Field(default=None, gt=0, description="relative tolerance; None: by dtype")
-    timeout_s: float = Field(default=120.0, gt=0)
-    memory_limit_mb: int | None = Field(default=8192, ge=64)
-    warmup_s: float = Field(default=0.05, ge=0)
-    min_repeats: int = Field(default=10, ge=3)
-    max_repeats: int = Field(default=200, ge=3)
-    #: Time spent measuring each kernel; the repeat count adapts to it.
-    target_time_s: float = Field(default=0.3, gt=0)
-    #: Rotate among copies of the inputs until they exceed this many bytes (defeats warm caches).
-    rotate_bytes: int = Field(default=64 * 2**20, ge=0)
-    #: Flag a speedup above this for review even if under the roofline.
-    flag_speedup_above: float = 10.0
-    cache: bool = True
+    timeout_s: float = Field(default=120.0, gt=0, description="Wall-clock limit of one evaluation.")
+    memory_limit_mb: int | None = Field(default=8192, ge=64, description="Address-space limit of a worker.")
+    warmup_s: float = Field(default=0.05, ge=0, description="Warm-up time before timing.")
+    min_repeats: int = Field(default=10, ge=3, description="Fewest timed runs.")
+    max_repeats: int = Field(default=200, ge=3, description="Most timed runs.")
+    target_time_s: float = Field(
+        default=0.3, gt=0, description="Time spent measuring each kernel; the repeat count adapts to it."
+    )
+    rotate_bytes: int = Field(
+        default=64 * 2**20,
+        ge=0,
+        description="Rotate among copies of the inputs until they exceed this many bytes (defeats warm caches).",
+    )
+    flag_speedup_above: float = Field(
+        default=10.0, description="Flag a speedup above this for review even if under the roofline."
+    )
+    cache: bool = Field(default=True, description="Serve repeat evaluations from the store.")
 
 
 class ProblemConfig(Strict):
-    #: Path to a problem file (KernelBench ``.py`` or a native task ``.toml``).
-    path: str | None = None
-    #: Overrides of module-level shape constants, e.g. ``{batch_size = 8}``.
-    shapes: dict[str, int | float] = Field(default_factory=dict)
+    path: str | None = Field(
+        default=None, description="Path to a problem file (KernelBench ``.py`` or a native task ``.toml``)."
+    )
+    shapes: dict[str, int | float] = Field(
+        default_factory=dict,
+        description="Overrides of module-level shape constants, e.g. ``{batch_size = 8}``.",
+    )
 
 
 class RunConfig(Strict):
@@ -120,8 +141,8 @@ class RunConfig(Strict):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    output_dir: str = "kf-runs"
-    seed: int = 0
+    output_dir: str = Field(default="kf-runs", description="Where run directories are created.")
+    seed: int = Field(default=0, description="Seed for search, generators and inputs.")
 
     @model_validator(mode="after")
     def _at_least_one_llm(self) -> RunConfig:
