@@ -61,6 +61,13 @@ class EnsembleConfig(Strict):
     keep: int = Field(
         default=2, ge=1, description="How many proposals the vote keeps for evaluation (vote mode)."
     )
+    meta_every: int = Field(
+        default=3, ge=0, description="Rewrite one evolvable prompt section every N generations (0: never)."
+    )
+    meta_llm: int = Field(default=0, ge=0, description="Index into ``llms`` of the model that rewrites prompts.")
+    novelty: bool = Field(
+        default=True, description="Drop proposals identical (ignoring whitespace, comments) to earlier ones."
+    )
 
 
 class SearchConfig(PluginChoice):
