@@ -1,0 +1,163 @@
+"""Behaviour descriptors: where a kernel sits in the quality-diversity archive.
+
+As in the published KernelFoundry, three static axes are read from the source by weighted pattern
+matching (not from runs), each 0-3:
+
+- ``memory``: 0 naive global access, 1 coalesced / vector loads, 2 local/shared-memory tiling,
+  3 register blocking plus asynchronous copies or double buffering;
+- ``compute``: 0 multi-pass, 1 fused / FMA, 2 single-pass / streaming / online, 3 tiled / blocked;
+- ``parallelism``: 0 thread-only, 1 work-group barriers, 2 sub-group / warp intrinsics,
+  3 hierarchical (work-group and sub-group levels together).
+
+Extractors are plugins per kernel language (``kf_register_descriptors``); :func:`measured_descriptors`
+adds optional measured features (fraction of the roofline, registers per thread) from a record.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from kfoundry.core.models import EvalRecord
+from kfoundry.core.plugins import PluginManager, get_plugin_manager
+
+AXES: tuple[str, ...] = ("memory", "compute", "parallelism")
+LEVELS = 4
+
+
+class DescriptorExtractor(ABC):
+    """Reads the static behaviour descriptors of a kernel source in one language."""
+
+    language: str = ""
+    axes: tuple[str, ...] = AXES
+    levels: int = LEVELS
+
+    @abstractmethod
+    def extract(self, source: str) -> dict[str, int]:
+        """Axis name -> level (0 .. levels-1)."""
+
+    def cell(self, source: str) -> tuple[int, ...]:
+        """The archive coordinates of ``source`` (axis order)."""
+        values = self.extract(source)
+        return tuple(int(values[a]) for a in self.axes)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A regular expression that votes ``weight`` for ``level`` on one axis."""
+
+    level: int
+    regex: str
+    weight: float = 1.0
+
+
+@dataclass
+class PatternDescriptors(DescriptorExtractor):
+    """Weighted pattern matching: an axis takes the highest level whose matched weight reaches 1."""
+
+    language: str = ""
+    patterns: dict[str, list[Pattern]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._compiled = {
+            axis: [(p.level, re.compile(p.regex, re.MULTILINE), p.weight) for p in pats]
+            for axis, pats in self.patterns.items()
+        }
+
+    def extract(self, source: str) -> dict[str, int]:
+        code = strip_comments(source)
+        out: dict[str, int] = {}
+        for axis in self.axes:
+            score = [0.0] * self.levels
+            for level, regex, weight in self._compiled.get(axis, []):
+                if regex.search(code):
+                    score[level] += weight
+            out[axis] = max((lv for lv in range(self.levels) if score[lv] >= 1.0), default=0)
+        return out
+
+
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def strip_comments(source: str) -> str:
+    """Drop C comments so that a comment naming a technique does not count as using it."""
+    return _COMMENTS.sub(" ", source)
+
+
+# Patterns shared by C-like kernel languages; language specifics are added below.
+_COMPUTE = [
+    Pattern(1, r"\b(fma|mad|fmaf|__fmaf_rn)\s*\("),
+    Pattern(1, r"\bFUSED\b|fused", 0.5),
+    Pattern(2, r"\bonline\b|\bONLINE\b|running_(max|sum)|m_new|rescale", 1.0),
+    Pattern(2, r"\bsingle[_ -]?pass\b|\bwelford\b|\bWelford\b", 1.0),
+    Pattern(3, r"\b(TILE|TS|TILE_[MNK]|BK|BM|BN)\b", 0.5),
+    Pattern(3, r"for\s*\([^;]*;[^;]*;\s*\w+\s*\+=\s*(TILE\w*|TS|BK|TK)\s*\)", 1.0),
+]
+
+OPENCL_PATTERNS: dict[str, list[Pattern]] = {
+    "memory": [
+        Pattern(1, r"\bvload(2|4|8|16)\b|\bvstore(2|4|8|16)\b", 1.0),
+        Pattern(1, r"\bfloat(2|4|8|16)\b", 0.5),
+        Pattern(1, r"\brestrict\b", 0.25),
+        Pattern(2, r"__local\s+\w+\s+\w+\s*\[", 1.0),
+        Pattern(3, r"\bacc\s*\[\s*\w+\s*\]|\bacc\w*\s*\[[^\]]+\]\s*\[", 0.6),
+        Pattern(3, r"\basync_work_group_copy\b|\bprefetch\s*\(|double[_ ]buffer", 0.6),
+        Pattern(3, r"#pragma\s+unroll", 0.4),
+    ],
+    "compute": _COMPUTE,
+    "parallelism": [
+        Pattern(1, r"\bbarrier\s*\(|\bwork_group_barrier\s*\(", 1.0),
+        Pattern(2, r"\bsub_group_\w+\s*\(|\bintel_sub_group\w*", 1.0),
+        Pattern(2, r"\bwork_group_reduce_\w+\s*\(", 1.0),
+        Pattern(3, r"\bsub_group_\w+\s*\(", 0.5),
+        Pattern(3, r"\bbarrier\s*\(", 0.25),
+        Pattern(3, r"\batomic_\w+\s*\(|\batom_\w+\s*\(", 0.5),
+    ],
+}
+
+CUDA_PATTERNS: dict[str, list[Pattern]] = {
+    "memory": [
+        Pattern(1, r"\bfloat(2|4)\b|reinterpret_cast\s*<\s*(const\s+)?float4", 1.0),
+        Pattern(1, r"__ldg\s*\(|__restrict__", 0.5),
+        Pattern(2, r"__shared__\s+\w+\s+\w+\s*\[|extern\s+__shared__", 1.0),
+        Pattern(3, r"\bacc\s*\[\s*\w+\s*\]|\bacc\w*\s*\[[^\]]+\]\s*\[", 0.6),
+        Pattern(3, r"\bcp\.async\b|__pipeline_memcpy_async|cuda::memcpy_async|double[_ ]buffer", 0.6),
+        Pattern(3, r"#pragma\s+unroll", 0.4),
+    ],
+    "compute": _COMPUTE,
+    "parallelism": [
+        Pattern(1, r"__syncthreads\s*\(", 1.0),
+        Pattern(2, r"__shfl_(xor_|down_|up_)?sync\s*\(|\b__reduce_\w+_sync\b|cooperative_groups", 1.0),
+        Pattern(3, r"__shfl_(xor_|down_|up_)?sync\s*\(", 0.5),
+        Pattern(3, r"__syncthreads\s*\(", 0.25),
+        Pattern(3, r"\batomic(Add|Max|Min|CAS)\s*\(", 0.5),
+    ],
+}
+
+
+def opencl_descriptors() -> PatternDescriptors:
+    return PatternDescriptors(language="opencl", patterns=OPENCL_PATTERNS)
+
+
+def cuda_descriptors() -> PatternDescriptors:
+    return PatternDescriptors(language="cuda", patterns=CUDA_PATTERNS)
+
+
+def get_extractor(language: str, manager: PluginManager | None = None) -> DescriptorExtractor:
+    """The registered extractor for ``language``; the OpenCL one when none is registered for it."""
+    registry = (manager or get_plugin_manager()).registry("descriptor")
+    if language in registry:
+        return registry.get(language).build()
+    return PatternDescriptors(language=language, patterns=OPENCL_PATTERNS)
+
+
+def measured_descriptors(record: EvalRecord) -> dict[str, float]:
+    """Optional measured features: fraction of the roofline reached, registers per thread."""
+    out: dict[str, float] = {}
+    if record.roofline_fraction is not None:
+        out["roofline_fraction"] = float(record.roofline_fraction)
+    for info in record.resources.values() if isinstance(record.resources, dict) else []:
+        if isinstance(info, dict) and isinstance(info.get("registers"), int | float):
+            out["registers"] = max(out.get("registers", 0.0), float(info["registers"]))
+    return out
