@@ -1,0 +1,212 @@
+"""NVIDIA CUDA backend: NVRTC (default) or nvcc to a cubin, launched on PyTorch's CUDA tensors.
+
+Without a GPU the backend is compile-only: compile errors and the ptxas resource report are real,
+and launching a kernel says in one line that no CUDA device is present. Kernels are found by their
+source name (``extern "C"`` names, or the name inside a C++ mangled symbol).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+from pydantic import Field
+
+from kfoundry import hookimpl
+from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, KernelModule
+from kfoundry.core.errors import BackendUnavailable
+from kfoundry.core.hookspecs import Register
+from kfoundry.core.models import DeviceProfile, ParamValue
+from kfoundry.plugins.backends.cuda_compile import (
+    CompileResult,
+    choose_arch,
+    compile_cuda,
+    kernel_short_name,
+    nvcc_version,
+    nvrtc_available,
+)
+from kfoundry.plugins.backends.cuda_launch import (
+    GpuFault,
+    LoadedProgram,
+    PrimaryContext,
+    driver_device_count,
+    is_sticky_error,
+    require_torch_cuda,
+)
+
+
+class CudaOptions(BackendOptions):
+    """Options of the CUDA backend."""
+
+    compiler: Literal["auto", "nvrtc", "nvcc"] = Field("auto", description="auto: NVRTC if installed, else nvcc")
+    arch: str | None = Field(None, description="target such as sm_90 or sm_90a; None: from the device")
+    compile_only: bool = Field(False, description="compile and report resources without running")
+    fast_math: bool = Field(False, description="pass --use_fast_math")
+
+
+class CudaBackend(Backend):
+    """CUDA C++ kernels on NVIDIA GPUs."""
+
+    name = "cuda"
+    language = "cuda"
+    torch_device = "cuda"
+
+    def __init__(self, options: CudaOptions | None = None) -> None:
+        super().__init__(options or CudaOptions())
+        self.options: CudaOptions
+        self._caps: BackendCapabilities | None = None
+
+    # -- what this machine can do ---------------------------------------------------------------
+
+    def capabilities(self) -> BackendCapabilities:
+        if self._caps is None:
+            self._caps = self._probe()
+        return self._caps
+
+    def _probe(self) -> BackendCapabilities:
+        nvrtc_ok, nvrtc_why = nvrtc_available()
+        can_compile = nvrtc_ok or nvcc_version() is not None
+        count, why = driver_device_count()
+        reason = "" if count else f"compile-only: {why}"
+        if not can_compile:
+            reason = f"no CUDA compiler: {nvrtc_why}; nvcc not on the PATH"
+        can_run = bool(count) and not self.options.compile_only and _torch_sees_cuda()
+        if count and not can_run and can_compile:
+            reason = "compile-only: " + ("requested by options" if self.options.compile_only else "PyTorch cannot use CUDA")
+        return BackendCapabilities(can_compile=can_compile, can_run=can_run, reason=reason)
+
+    def devices(self) -> list[DeviceProfile]:
+        from kfoundry.core.hardware import detect_devices
+        from kfoundry.core.peaks import with_peaks
+        from kfoundry.plugins.hardware.nvidia import NvidiaDetector
+
+        try:
+            found = detect_devices("cuda")
+        except Exception:  # the hardware plugin registry is unusable: ask the driver directly
+            found = []
+        return found or [with_peaks(p) for p in NvidiaDetector().detect("cuda")]
+
+    def toolchain_version(self) -> str:
+        return _toolchain_version(self.options.compiler)
+
+    def select_device(self, spec: str | int | None = None) -> DeviceProfile:
+        chosen = super().select_device(spec)
+        self.torch_device = f"cuda:{chosen.index}"
+        if self.capabilities().can_run:
+            import torch
+
+            torch.cuda.set_device(chosen.index)
+        return chosen
+
+    # -- compiling and running ------------------------------------------------------------------
+
+    def target_arch(self, source: str) -> str:
+        """The architecture to compile for: the option, else the selected device's (sm_90 without one)."""
+        if self.options.arch:
+            return self.options.arch
+        device = self.device
+        if device is None and driver_device_count()[0]:
+            device = self.require_device()
+        return choose_arch(device.compute_capability if device else None, source)
+
+    def compile(
+        self,
+        source: str,
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+    ) -> CompileResult:
+        """Compile only: the cubin, log and resource report (raises ``CompileFailed``)."""
+        options = list(self.options.build_options) + list(build_options or [])
+        if self.options.fast_math:
+            options.append("--use_fast_math")
+        return compile_cuda(
+            source, arch=self.target_arch(source), compiler=self.options.compiler, defines=defines, options=options
+        )
+
+    def load(
+        self,
+        source: str,
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+    ) -> KernelModule:
+        result = self.compile(source, defines=defines, build_options=build_options)
+        resources: dict[str, Any] = {name: dict(report) for name, report in result.resources.items()}
+        for report in resources.values():
+            report["arch"] = result.arch
+            report["compiler"] = result.compiler
+        caps = self.capabilities()
+        if not caps.can_run:
+            kernels = {name: _no_device(name, caps.reason) for name in resources}
+            return KernelModule(kernels, resources, result.compile_time_s, result.log)
+        device = self.require_device()
+        require_torch_cuda(device.index)
+        program = LoadedProgram(result.cubin, PrimaryContext.get(device.index))
+        kernels = {}
+        for symbol in program.function_names():
+            name = kernel_short_name(symbol)
+            if name in kernels:  # an overload or template instance: reachable by its full symbol
+                name = symbol
+            kernel = program.kernel(symbol, name)
+            kernels[name] = kernel
+            resources.setdefault(name, {}).update({f"driver_{k}": v for k, v in kernel.attributes().items()})
+        return KernelModule(kernels, resources, result.compile_time_s, result.log)
+
+    def synchronize(self) -> None:
+        import torch
+
+        if not self.capabilities().can_run:
+            raise BackendUnavailable(f"cuda: no CUDA device is present ({self.capabilities().reason})")
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as exc:
+            if is_sticky_error(exc):
+                raise GpuFault(f"kernel faulted on the GPU: {str(exc).splitlines()[0]}") from exc
+            raise
+
+
+def _no_device(name: str, reason: str) -> Any:
+    def launch(*args: Any, **kwargs: Any) -> None:
+        raise BackendUnavailable(f"cuda: cannot run kernel {name}: no CUDA device is present ({reason})")
+
+    return launch
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_sees_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken torch CUDA install: treat as no device
+        return False
+
+
+@functools.lru_cache(maxsize=4)
+def _toolchain_version(compiler: str) -> str:
+    parts = []
+    nvrtc_ok, nvrtc_text = nvrtc_available()
+    if compiler in ("auto", "nvrtc") and nvrtc_ok:
+        parts.append(nvrtc_text)
+    else:
+        parts.append(nvcc_version() or "no compiler")
+    try:
+        from cuda.bindings import driver
+
+        code, version = driver.cuDriverGetVersion()
+        if int(code) == 0:
+            parts.append(f"driver {version // 1000}.{(version % 1000) // 10}")
+    except Exception:  # no driver here: compile-only
+        parts.append("no driver")
+    return "; ".join(parts)
+
+
+@hookimpl
+def kf_register_backends(register: Register) -> None:
+    register(
+        "cuda",
+        CudaBackend,
+        options=CudaOptions,
+        description="NVIDIA CUDA C++ (NVRTC or nvcc), launched on PyTorch CUDA tensors",
+    )
