@@ -26,6 +26,8 @@ class NvidiaDetector(HardwareDetector):
     def detect(self, backend: str = "cuda") -> list[DeviceProfile]:
         from kfoundry.plugins.backends.cuda_launch import driver_device_count
 
+        if backend not in self.backends:
+            return []
         count, self._reason = driver_device_count()
         if count:
             return [driver_profile(i) for i in range(count)]
