@@ -1,0 +1,428 @@
+"""Ensembles of generators: ``sample`` (weighted choice), ``bandit`` (UCB on fitness gain per unit
+cost) and ``vote`` (every member proposes, every member ranks, a Borda count keeps the best few).
+
+:func:`build_ensemble` turns ``config.llms`` into one :class:`Ensemble` (itself a ``Generator``)
+sharing one cost ledger (the run's token and money caps), one recorder (every call to the store
+and ``llm_calls.jsonl``), a prompt archive with meta-prompting, and a novelty filter. The ensemble
+learns from results through :meth:`Ensemble.observe` and :meth:`Ensemble.end_generation`; it also
+registers itself for the ``kf_candidate_evaluated`` / ``kf_generation_finished`` hooks, so a loop
+that calls those hooks needs nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kfoundry import hookimpl
+from kfoundry.core.config import RunConfig
+from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported
+from kfoundry.core.llm.cost import CostLedger, LLMBudgetExhausted
+from kfoundry.core.llm.meta import MetaPrompter, PromptArchive
+from kfoundry.core.llm.novelty import NoveltyFilter
+from kfoundry.core.llm.provider import LLMProvider
+from kfoundry.core.llm.recording import RECORDING_NAME, Recorder, SqlStore
+from kfoundry.core.models import Candidate, EvalRecord, Proposal
+from kfoundry.core.plugins import PluginManager, get_plugin_manager
+
+_VOTES_DDL = """CREATE TABLE IF NOT EXISTS llm_votes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, generation INTEGER NOT NULL, proposals TEXT NOT NULL,
+    scores TEXT NOT NULL, points TEXT NOT NULL, kept TEXT NOT NULL)"""
+
+#: Cost charged to a free generator's proposal in bandit mode (so gain per cost stays finite).
+FREE_COST = 1e-4
+
+
+@dataclass
+class Member:
+    """One generator of the ensemble and its bandit statistics."""
+
+    generator: Generator
+    name: str
+    weight: float = 1.0
+    pulls: int = 0
+    gain: float = 0.0
+    cost: float = 0.0
+
+    @property
+    def is_llm(self) -> bool:
+        return isinstance(self.generator, LLMProvider)
+
+    @property
+    def efficiency(self) -> float:
+        """Fitness gain per unit cost observed so far."""
+        return self.gain / self.cost if self.cost > 0 else 0.0
+
+
+def borda(scores: list[list[float] | None], n: int) -> list[float]:
+    """Borda points per proposal: each ranker gives a proposal one point per proposal it ranks above."""
+    points = [0.0] * n
+    for ranker in scores:
+        if ranker is None or len(ranker) != n:
+            continue
+        for i in range(n):
+            points[i] += sum(1.0 for j in range(n) if ranker[i] > ranker[j]) + 0.5 * sum(
+                1.0 for j in range(n) if j != i and ranker[i] == ranker[j]
+            )
+    return points
+
+
+def proposal_cost(p: Proposal) -> float:
+    """What a proposal cost: dollars if priced, else a millionth per token, else :data:`FREE_COST`."""
+    if p.cost_usd > 0:
+        return p.cost_usd
+    if p.tokens_in or p.tokens_out:
+        return (p.tokens_in + p.tokens_out) * 1e-6
+    return FREE_COST
+
+
+class Ensemble(Generator):
+    """Several generators acting as one."""
+
+    name = "ensemble"
+
+    def __init__(
+        self,
+        members: list[Member],
+        mode: str = "sample",
+        keep: int = 2,
+        seed: int = 0,
+        ledger: CostLedger | None = None,
+        recorder: Recorder | None = None,
+        prompts: PromptArchive | None = None,
+        meta: MetaPrompter | None = None,
+        novelty: NoveltyFilter | None = None,
+        ucb_c: float = 1.0,
+    ) -> None:
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        self.members, self.mode, self.keep = members, mode, keep
+        self.rng = random.Random(seed)
+        self.ledger = ledger or CostLedger()
+        self.recorder, self.prompts, self.meta, self.novelty = recorder, prompts, meta, novelty
+        self.ucb_c = ucb_c
+        self.exhausted = False
+        self.votes: list[dict[str, Any]] = []
+        self._pending: dict[str, tuple[str, float, float]] = {}
+        self._lock = threading.Lock()
+        self._observer_name: str | None = None
+        self._manager: PluginManager | None = None
+
+    # -- Generator ---------------------------------------------------------------------------------
+
+    def propose(self, request: GenerationRequest) -> list[Proposal]:
+        """Proposals by the configured mode; raises :class:`LLMBudgetExhausted` once the caps are reached."""
+        return self._generate(request, lambda g, r: g.propose(r))
+
+    def seeds(self, request: GenerationRequest) -> list[Proposal]:
+        return self._generate(request.model_copy(update={"mode": "create"}), lambda g, r: g.seeds(r))
+
+    def rank(self, request: GenerationRequest, proposals: list[Proposal]) -> list[float] | None:
+        """Borda points of every member's ranking (None if every member abstains)."""
+        scores = self._rank_all(request, proposals)
+        return borda(scores, len(proposals)) if any(s is not None for s in scores) else None
+
+    # -- modes -------------------------------------------------------------------------------------
+
+    def _generate(
+        self, request: GenerationRequest, call: Callable[[Generator, GenerationRequest], list[Proposal]]
+    ) -> list[Proposal]:
+        if self.exhausted or (self.ledger.exhausted and all(m.is_llm for m in self.members)):
+            self.exhausted = True
+            raise LLMBudgetExhausted(self.ledger._why(0))
+        request = self._with_prompt(request)
+        if self.mode == "vote":
+            return self._vote(request, call)
+        counts: dict[int, int] = {}
+        for _ in range(request.n):
+            idx = self._pick_bandit() if self.mode == "bandit" else self._pick_weighted()
+            counts[idx] = counts.get(idx, 0) + 1
+        out: list[Proposal] = []
+        for idx in sorted(counts):
+            out += self._ask(self.members[idx], request.model_copy(update={"n": counts[idx]}), call)
+        if not out and self.exhausted:
+            raise LLMBudgetExhausted(self.ledger._why(0))
+        return self._admit(request, out)
+
+    def _ask(
+        self, member: Member, request: GenerationRequest, call: Callable[..., list[Proposal]]
+    ) -> list[Proposal]:
+        """One member's proposals; an exhausted budget or an unsupported problem yields none."""
+        try:
+            props = call(member.generator, request)
+        except LLMBudgetExhausted:
+            self.exhausted = True
+            return []
+        except GeneratorUnsupported:
+            return []
+        for p in props:
+            p.generator = member.name
+            if p.candidate is not None:
+                p.candidate.generator = member.name
+                p.candidate.prompt_id = p.candidate.prompt_id or request.prompt_id
+            p.prompt_id = p.prompt_id or request.prompt_id
+        return props
+
+    def _pick_weighted(self) -> int:
+        usable = [i for i, m in enumerate(self.members) if not (m.is_llm and self.exhausted)] or [0]
+        weights = [self.members[i].weight for i in usable]
+        return self.rng.choices(usable, weights=weights)[0]
+
+    def _pick_bandit(self) -> int:
+        """UCB1 on normalised gain per cost; the weight scales the exploration bonus."""
+        with self._lock:
+            for i, m in enumerate(self.members):
+                if m.pulls == 0:
+                    m.pulls += 1  # counts as pulled once asked, so one request spreads over members
+                    return i
+            total = sum(m.pulls for m in self.members)
+            top = max((m.efficiency for m in self.members), default=0.0) or 1.0
+            ucb = [
+                m.efficiency / top + self.ucb_c * math.sqrt(m.weight) * math.sqrt(math.log(total) / m.pulls)
+                for m in self.members
+            ]
+            best = max(range(len(ucb)), key=lambda i: (ucb[i], -i))
+            self.members[best].pulls += 1
+            return best
+
+    def _vote(self, request: GenerationRequest, call: Callable[..., list[Proposal]]) -> list[Proposal]:
+        batches = self._each(lambda m: self._ask(m, request, call))
+        pooled = self._admit(request, [p for batch in batches for p in batch])
+        failed = [p for p in pooled if p.candidate is None]
+        valid = [p for p in pooled if p.candidate is not None]
+        if not valid and not failed and self.exhausted:
+            raise LLMBudgetExhausted(self.ledger._why(0))
+        if len(valid) <= self.keep:
+            self._record_vote(request, valid, [], [0.0] * len(valid), list(range(len(valid))))
+            return valid + failed
+        scores = self._rank_all(request, valid)
+        points = borda(scores, len(valid))
+        order = sorted(range(len(valid)), key=lambda i: (-points[i], i))
+        kept = sorted(order[: self.keep])
+        self._record_vote(request, valid, scores, points, kept)
+        return [valid[i] for i in kept] + failed
+
+    def _rank_all(self, request: GenerationRequest, proposals: list[Proposal]) -> list[list[float] | None]:
+        def one(m: Member) -> list[float] | None:
+            if m.is_llm and self.exhausted:
+                return None
+            try:
+                scores = m.generator.rank(request, proposals)
+            except LLMBudgetExhausted:
+                self.exhausted = True
+                return None
+            return scores if scores is not None and len(scores) == len(proposals) else None
+
+        return self._each(one)
+
+    def _each(self, fn: Callable[[Member], Any]) -> list[Any]:
+        """``fn`` for every member, in member order: in parallel threads unless a budget cap is set
+        (then one after another, so the cap cuts at the same call in every run and in a replay)."""
+        capped = self.ledger.max_tokens is not None or self.ledger.max_cost_usd is not None
+        if capped or len(self.members) == 1:
+            return [fn(m) for m in self.members]
+        with ThreadPoolExecutor(max_workers=len(self.members)) as pool:
+            return list(pool.map(fn, self.members))
+
+    def _record_vote(
+        self,
+        request: GenerationRequest,
+        valid: list[Proposal],
+        scores: list[list[float] | None],
+        points: list[float],
+        kept: list[int],
+    ) -> None:
+        vote = {
+            "generation": request.generation,
+            "proposals": [[p.generator, p.candidate.content_hash if p.candidate else None] for p in valid],
+            "scores": {m.name: s for m, s in zip(self.members, scores, strict=True)} if scores else {},
+            "points": points,
+            "kept": kept,
+        }
+        self.votes.append(vote)
+        if self.recorder is not None and self.recorder.store is not None:
+            self.recorder.store.execute(
+                "INSERT INTO llm_votes (run_id, generation, proposals, scores, points, kept) VALUES (?,?,?,?,?,?)",
+                (
+                    self.recorder.run_id,
+                    request.generation,
+                    json.dumps(vote["proposals"]),
+                    json.dumps(vote["scores"]),
+                    json.dumps(points),
+                    json.dumps(kept),
+                ),
+            )
+
+    # -- prompts and novelty ------------------------------------------------------------------------
+
+    def _with_prompt(self, request: GenerationRequest) -> GenerationRequest:
+        if self.prompts is None or request.prompt_sections:
+            return request
+        variant = self.prompts.select()
+        return request.model_copy(
+            update={"prompt_sections": self.prompts.sections_for(variant), "prompt_id": variant.id}
+        )
+
+    def _admit(self, request: GenerationRequest, proposals: list[Proposal]) -> list[Proposal]:
+        """Drop near-duplicates of anything proposed before; remember what each proposal cost."""
+        parent_fitness = request.parent.record.fitness if request.parent and request.parent.record else 0.0
+        out = []
+        for p in proposals:
+            c = p.candidate
+            if (
+                c is not None
+                and self.novelty is not None
+                and not self.novelty.admit(c.source, dict(c.params))
+            ):
+                continue
+            if c is not None:
+                with self._lock:
+                    self._pending[c.content_hash] = (p.generator, parent_fitness, proposal_cost(p))
+            out.append(p)
+        return out
+
+    # -- learning from results ----------------------------------------------------------------------
+
+    def observe(self, candidate: Candidate, record: EvalRecord) -> None:
+        """Credit the member (bandit) and the prompt (meta-prompting) with an evaluation's result."""
+        if self.novelty is not None:
+            self.novelty.add(candidate.source, dict(candidate.params))
+        if self.prompts is not None:
+            self.prompts.observe(candidate.prompt_id, record)
+        with self._lock:
+            pending = self._pending.pop(candidate.content_hash, None)
+            if pending is None:
+                return
+            name, parent_fitness, cost = pending
+            for m in self.members:
+                if m.name == name:
+                    m.gain += max(0.0, record.fitness - parent_fitness)
+                    m.cost += cost
+
+    def end_generation(self, generation: int) -> None:
+        """Run the meta-prompter when it is due (a spent budget skips it)."""
+        if self.meta is not None and not self.exhausted and self.meta.due(generation):
+            try:
+                self.meta.step(generation)
+            except LLMBudgetExhausted:
+                self.exhausted = True
+
+    def usage(self) -> dict[str, Any]:
+        """Tokens and money so far, in total and per member."""
+        t = self.ledger.total
+        return {
+            "calls": t.calls,
+            "tokens_in": t.tokens_in,
+            "tokens_out": t.tokens_out,
+            "cost_usd": t.cost_usd,
+            "members": {k: vars(v) for k, v in self.ledger.by_member.items()},
+            "exhausted": self.exhausted,
+        }
+
+    # -- hook observer ------------------------------------------------------------------------------
+
+    def attach(self, manager: PluginManager) -> None:
+        """Observe evaluations and generations through the lifecycle hooks of ``manager``."""
+        name = f"kfoundry-ensemble-{id(self):x}"
+        manager.add_plugin(_Observer(self, manager, name), name, package="kfoundry", version="")
+        self._observer_name, self._manager = name, manager
+
+    def detach(self) -> None:
+        if self._manager is not None and self._observer_name is not None:
+            self._manager.remove_plugin(self._observer_name)
+            self._observer_name = None
+
+
+class _Observer:
+    """Pluggy plugin forwarding lifecycle hooks to an :class:`Ensemble`."""
+
+    def __init__(self, ensemble: Ensemble, manager: PluginManager, name: str) -> None:
+        self.ensemble, self.manager, self.name = ensemble, manager, name
+
+    @hookimpl
+    def kf_candidate_evaluated(self, candidate: Candidate, record: EvalRecord) -> None:
+        self.ensemble.observe(candidate, record)
+
+    @hookimpl
+    def kf_generation_finished(self, run_id: str, generation: int, summary: dict[str, Any]) -> None:
+        self.ensemble.end_generation(generation)
+        summary.setdefault("llm", self.ensemble.usage())
+
+    @hookimpl
+    def kf_run_finished(self, run_id: str, summary: dict[str, Any]) -> None:
+        summary.setdefault("llm", self.ensemble.usage())
+        self.ensemble.detach()
+
+
+def _member_names(config: RunConfig) -> list[str]:
+    names: list[str] = []
+    for choice in config.llms:
+        base = f"{choice.name}:{choice.model}" if choice.model else choice.name
+        name, k = base, 2
+        while name in names:
+            name, k = f"{base}#{k}", k + 1
+        names.append(name)
+    return names
+
+
+def build_ensemble(
+    config: RunConfig,
+    store: SqlStore | None = None,
+    *,
+    manager: PluginManager | None = None,
+    run_id: str | None = None,
+    run_dir: str | Path | None = None,
+    language: str = "opencl",
+    attach: bool = True,
+) -> Ensemble:
+    """The run's generator: every ``config.llms`` member behind one ensemble.
+
+    ``run_dir`` (default: the store's folder) receives ``llm_calls.jsonl``, the recording that
+    ``replay`` serves from; ``attach`` registers the ensemble for the lifecycle hooks.
+    """
+    manager = manager or get_plugin_manager()
+    if run_dir is None and store is not None and getattr(store, "path", None) is not None:
+        run_dir = Path(store.path).parent  # type: ignore[attr-defined]
+    ledger = CostLedger(max_tokens=config.budget.llm_tokens, max_cost_usd=config.budget.llm_cost_usd)
+    recorder = Recorder(store, Path(run_dir) / RECORDING_NAME if run_dir else None, run_id)
+    members: list[Member] = []
+    for choice, name in zip(config.llms, _member_names(config), strict=True):
+        generator = manager.get("llm", choice.name).build(choice.options)
+        if isinstance(generator, LLMProvider):
+            generator.configure(model=choice.model, name=name, ledger=ledger, recorder=recorder)
+            name = generator.name
+        else:
+            generator.name = name
+        members.append(Member(generator, name, choice.weight))
+    llm_members = [m for m in members if m.is_llm]
+    prompts = PromptArchive(seed=config.seed, store=store, run_id=run_id) if llm_members else None
+    meta = None
+    ens = config.ensemble
+    if prompts is not None and ens.meta_every > 0:
+        chosen = members[ens.meta_llm] if ens.meta_llm < len(members) else llm_members[0]
+        model = chosen if chosen.is_llm else llm_members[0]
+        assert isinstance(model.generator, LLMProvider)
+        meta = MetaPrompter(model.generator, prompts, ens.meta_every, language=language)
+    if store is not None:
+        store.ensure_table(_VOTES_DDL)
+    ensemble = Ensemble(
+        members,
+        mode=ens.mode,
+        keep=ens.keep,
+        seed=config.seed,
+        ledger=ledger,
+        recorder=recorder,
+        prompts=prompts,
+        meta=meta,
+        novelty=NoveltyFilter() if ens.novelty else None,
+    )
+    if attach:
+        ensemble.attach(manager)
+    return ensemble

@@ -1,0 +1,260 @@
+"""Meta-prompting: an archive of prompt variants, their rewriting by a model, and error distillation.
+
+Each variant is a full set of evolvable sections; its fitness is the best kernel it produced.
+Every N generations the meta-model rewrites one section of the best variant (round robin), which
+becomes a new variant. Recurring failures (compile errors, anti-cheat rejections, parse failures)
+are reduced to patterns; a pattern seen ``threshold`` times becomes a bullet in every prompt's
+pitfalls section, and the meta-model sees the counts when it rewrites pitfalls.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kfoundry.core.llm.parsing import ParseFailure, apply_diff, code_blocks, diff_blocks
+from kfoundry.core.llm.prompts import PromptBuilder
+from kfoundry.core.llm.recording import SqlStore
+from kfoundry.core.llm.sections import DEFAULT_SECTIONS
+from kfoundry.core.models import EvalRecord, Outcome, stable_hash
+
+if TYPE_CHECKING:
+    from kfoundry.core.llm.provider import LLMProvider
+
+_DDL = """CREATE TABLE IF NOT EXISTS prompts (
+    id TEXT PRIMARY KEY, run_id TEXT, parent_id TEXT, generation INTEGER NOT NULL, section TEXT,
+    sections TEXT NOT NULL, uses INTEGER NOT NULL, best_fitness REAL, outcomes TEXT NOT NULL)"""
+
+#: Outcomes whose messages feed the pitfalls section.
+LEARN_FROM = {
+    Outcome.compile_error,
+    Outcome.rejected,
+    Outcome.runtime_error,
+    Outcome.timeout,
+    Outcome.parse_error,
+}
+
+
+@dataclass
+class PromptVariant:
+    """One set of evolvable sections and how it fared."""
+
+    sections: dict[str, str]
+    parent_id: str | None = None
+    generation: int = 0
+    section: str | None = None
+    uses: int = 0
+    best_fitness: float | None = None
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def id(self) -> str:
+        return "p-" + stable_hash(sorted(self.sections.items()))[:12]
+
+
+def error_pattern(record: EvalRecord) -> tuple[str, str] | None:
+    """(pattern, example) for a failure worth learning from; the pattern hides numbers and names."""
+    if record.outcome not in LEARN_FROM:
+        return None
+    text = record.message or ""
+    if record.outcome is Outcome.compile_error:
+        lines = [x for x in (record.log or text).splitlines() if re.search(r"\berror\b", x, re.IGNORECASE)]
+        text = lines[0] if lines else text
+    text = " ".join(text.split())[:200]
+    if not text:
+        return None
+    pattern = re.sub(r"^\S*:\d+:(\d+:)?\s*", "", text)  # file:line:col:
+    pattern = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`", "'X'", pattern)
+    pattern = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "N", pattern, flags=re.IGNORECASE)
+    return f"{record.outcome.value}: {pattern.lower()[:120]}", text
+
+
+class ErrorPatterns:
+    """Counts failure patterns; those seen ``threshold`` times become pitfalls."""
+
+    def __init__(self, threshold: int = 3, max_pitfalls: int = 6) -> None:
+        self.threshold = threshold
+        self.max_pitfalls = max_pitfalls
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+
+    def add(self, record: EvalRecord) -> None:
+        found = error_pattern(record)
+        if found:
+            self.counts[found[0]] += 1
+            self.examples.setdefault(found[0], found[1])
+
+    def pitfalls(self) -> list[str]:
+        """Bullets for the recurring patterns, most frequent first."""
+        common = [(p, n) for p, n in self.counts.most_common() if n >= self.threshold][: self.max_pitfalls]
+        return [
+            f"- Seen {n} times in this run ({p.split(':')[0]}): {self.examples[p][:160]}" for p, n in common
+        ]
+
+
+class PromptArchive:
+    """Prompt variants with their fitness; picks the variant a request uses."""
+
+    def __init__(
+        self,
+        seed: int = 0,
+        store: SqlStore | None = None,
+        run_id: str | None = None,
+        explore: float = 0.2,
+        min_uses: int = 2,
+        base: dict[str, str] | None = None,
+    ) -> None:
+        self.variants: dict[str, PromptVariant] = {}
+        self.rng = random.Random(seed)
+        self.store, self.run_id = store, run_id
+        self.explore, self.min_uses = explore, min_uses
+        self.errors = ErrorPatterns()
+        self._lock = threading.Lock()
+        if store is not None:
+            store.ensure_table(_DDL)
+        self.add(PromptVariant(dict(base or DEFAULT_SECTIONS)))
+
+    def add(self, variant: PromptVariant) -> PromptVariant:
+        with self._lock:
+            existing = self.variants.get(variant.id)
+            if existing is not None:
+                return existing
+            self.variants[variant.id] = variant
+        self._save(variant)
+        return variant
+
+    def select(self) -> PromptVariant:
+        """A fresh variant until it has been tried ``min_uses`` times, else the best (or a random one)."""
+        with self._lock:
+            variants = list(self.variants.values())
+            fresh = [v for v in variants if v.uses < self.min_uses]
+            if fresh:
+                chosen = fresh[-1]
+            elif self.rng.random() < self.explore:
+                chosen = self.rng.choice(variants)
+            else:
+                chosen = self.best()
+            chosen.uses += 1
+        self._save(chosen)
+        return chosen
+
+    def best(self) -> PromptVariant:
+        return max(self.variants.values(), key=lambda v: (v.best_fitness or -1.0, -v.uses))
+
+    def sections_for(self, variant: PromptVariant) -> dict[str, str]:
+        """The variant's sections with the learned pitfalls appended."""
+        sections = dict(variant.sections)
+        learned = self.errors.pitfalls()
+        if learned:
+            sections["pitfalls"] = (sections.get("pitfalls", "").rstrip() + "\n" + "\n".join(learned)).strip()
+        return sections
+
+    def observe(self, prompt_id: str | None, record: EvalRecord) -> None:
+        """Credit a prompt with an evaluation's fitness; learn from its failure."""
+        self.errors.add(record)
+        variant = self.variants.get(prompt_id or "")
+        if variant is None:
+            return
+        with self._lock:
+            variant.outcomes[record.outcome.value] += 1
+            if variant.best_fitness is None or record.fitness > variant.best_fitness:
+                variant.best_fitness = record.fitness
+        self._save(variant)
+
+    def _save(self, v: PromptVariant) -> None:
+        if self.store is None:
+            return
+        self.store.execute(
+            """INSERT INTO prompts (id, run_id, parent_id, generation, section, sections, uses, best_fitness, outcomes)
+               VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET uses=excluded.uses,
+               best_fitness=excluded.best_fitness, outcomes=excluded.outcomes""",
+            (
+                v.id,
+                self.run_id,
+                v.parent_id,
+                v.generation,
+                v.section,
+                json.dumps(v.sections),
+                v.uses,
+                v.best_fitness,
+                json.dumps(dict(v.outcomes)),
+            ),
+        )
+
+
+def rewrite_section(reply: str, current: str) -> str:
+    """The new section text from a meta-model reply (diffs on the text, a ```text block, or plain)."""
+    diffs = diff_blocks(reply)
+    if diffs:
+        text = current
+        for search, replace in diffs:
+            text = apply_diff(text, search, replace)
+        return text.strip()
+    blocks = code_blocks(reply)
+    if blocks:
+        return max((b for _, b in blocks), key=len).strip()
+    raise ParseFailure("the meta reply holds neither SEARCH/REPLACE blocks nor a code block")
+
+
+class MetaPrompter:
+    """Every ``every`` generations, has ``model`` rewrite one section of the best prompt variant."""
+
+    def __init__(
+        self,
+        model: LLMProvider,
+        archive: PromptArchive,
+        every: int,
+        language: str = "opencl",
+        builder: PromptBuilder | None = None,
+        max_chars: int = 3000,
+    ) -> None:
+        self.model, self.archive, self.every = model, archive, every
+        self.language = language
+        self.builder = builder or PromptBuilder()
+        self.max_chars = max_chars
+        self._turn = 0
+        self.rewrites: list[dict[str, Any]] = []
+
+    def due(self, generation: int) -> bool:
+        return self.every > 0 and generation > 0 and generation % self.every == 0
+
+    def step(self, generation: int) -> PromptVariant | None:
+        """Rewrite one section; the new variant, or None if the reply was unusable or the call failed."""
+        parent = self.archive.best()
+        names = list(parent.sections)
+        section = names[self._turn % len(names)]
+        self._turn += 1
+        stats: dict[str, Any] = {
+            "kernels produced with these instructions": sum(parent.outcomes.values()),
+            "outcomes": dict(parent.outcomes) or "none yet",
+            "best fitness (stage score 0-5 plus speedup)": parent.best_fitness,
+        }
+        if section == "pitfalls" and self.archive.errors.counts:
+            stats["recurring failures"] = "; ".join(
+                f"{n}x {self.archive.errors.examples[p][:120]}"
+                for p, n in self.archive.errors.counts.most_common(5)
+            )
+        prompt = self.builder.meta(section, parent.sections[section], stats, self.language)
+        key = stable_hash("meta", parent.id, section, generation)
+        reply = self.model.complete_text(prompt, key, kind="meta", generation=generation)
+        if reply is None:
+            return None
+        try:
+            text = rewrite_section(reply, parent.sections[section])[: self.max_chars]
+        except ParseFailure:
+            return None
+        if not text or text == parent.sections[section]:
+            return None
+        child = PromptVariant(
+            {**parent.sections, section: text}, parent_id=parent.id, generation=generation, section=section
+        )
+        child = self.archive.add(child)
+        self.rewrites.append(
+            {"generation": generation, "section": section, "parent": parent.id, "child": child.id}
+        )
+        return child

@@ -1,0 +1,161 @@
+"""Turn a model's reply into kernel source: a full code block, or SEARCH/REPLACE diffs on the parent.
+
+Diffs are applied exactly when they match, else line by line ignoring indentation, runs of spaces
+and blank lines (the failure weaker models hit most). Every failure is a :class:`ParseFailure`
+whose one-line message is shown to the model in the next prompt.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kfoundry.core.models import ParamValue
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE)
+_DIFF = re.compile(
+    r"^[ \t]*<{5,}[ \t]*SEARCH[ \t]*\n(.*?)^[ \t]*={5,}[ \t]*\n(.*?)^[ \t]*>{5,}[ \t]*REPLACE[ \t]*$",
+    re.DOTALL | re.MULTILINE,
+)
+_KERNEL_LANGS = {"c", "cpp", "c++", "cl", "opencl", "cuda", "cu", "hip", "sycl", ""}
+
+
+class ParseFailure(Exception):
+    """The reply held no usable code; the message says why in one line."""
+
+
+@dataclass
+class ParsedReply:
+    """What a reply yielded."""
+
+    source: str
+    via: Literal["block", "diff"]
+    rationale: str = ""
+    params: dict[str, ParamValue] = field(default_factory=dict)
+    diffs_applied: int = 0
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """Fenced code blocks as (language tag, body), in order."""
+    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+
+
+def diff_blocks(text: str) -> list[tuple[str, str]]:
+    """SEARCH/REPLACE blocks as (search, replace), in order."""
+    return [(m.group(1), m.group(2)) for m in _DIFF.finditer(text)]
+
+
+def _norm(line: str) -> str:
+    return " ".join(line.split())
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def apply_diff(source: str, search: str, replace: str) -> str:
+    """Replace the first occurrence of ``search`` in ``source``, tolerant of whitespace differences."""
+    if not search.strip():
+        raise ParseFailure("a SEARCH block is empty")
+    if search in source:
+        return source.replace(search, replace, 1)
+    src_lines = source.split("\n")
+    want = [_norm(x) for x in search.split("\n") if x.strip()]
+    body = [(i, _norm(x)) for i, x in enumerate(src_lines) if x.strip()]
+    for start in range(len(body) - len(want) + 1):
+        if all(body[start + k][1] == want[k] for k in range(len(want))):
+            first, last = body[start][0], body[start + len(want) - 1][0]
+            return "\n".join(
+                src_lines[:first] + _reindent(search, replace, src_lines[first]) + src_lines[last + 1 :]
+            )
+    head = want[0][:60]
+    raise ParseFailure(f"SEARCH block not found in the parent (first line: {head!r})")
+
+
+def _reindent(search: str, replace: str, matched_first: str) -> list[str]:
+    """Shift the replacement by the indentation difference between the SEARCH text and the parent."""
+    search_first = next(x for x in search.split("\n") if x.strip())
+    have, had = _indent(matched_first), _indent(search_first)
+    lines = replace.rstrip("\n").split("\n") if replace.strip() else []
+    if have == had:
+        return lines
+    if len(have) > len(had):
+        extra = have[len(had) :]
+        return [extra + x if x.strip() else x for x in lines]
+    cut = len(had) - len(have)
+    return [x[cut:] if x[:cut].strip() == "" else x.lstrip() for x in lines]
+
+
+def extract_params(source: str) -> dict[str, ParamValue]:
+    """The literal ``PARAMS = {...}`` dict of a Python candidate (template parameter values), if any."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "PARAMS" for t in node.targets
+        ):
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, SyntaxError):
+                return {}
+            if isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, int | float | str | bool) for k, v in value.items()
+            ):
+                return dict(value)
+    return {}
+
+
+def _rationale(text: str) -> str:
+    stripped = _DIFF.sub("", _FENCE.sub("", text))
+    return " ".join(stripped.split())[:600]
+
+
+def _check_python(source: str) -> None:
+    try:
+        compile(source, "<candidate>", "exec")
+    except SyntaxError as exc:
+        raise ParseFailure(f"the code does not parse as Python: {exc.msg} at line {exc.lineno}") from None
+    if "class ModelNew" not in source:
+        raise ParseFailure("the code defines no `class ModelNew`")
+
+
+def parse_reply(
+    text: object, kind: Literal["kernelbench", "native"], parent_source: str | None = None
+) -> ParsedReply:
+    """Parse a reply into source; raises :class:`ParseFailure` with a one-line reason."""
+    if not isinstance(text, str) or not text.strip():
+        raise ParseFailure("the reply was empty")
+    diffs = diff_blocks(text)
+    if diffs:
+        if parent_source is None:
+            raise ParseFailure(
+                "the reply holds SEARCH/REPLACE diffs but there is no parent kernel to apply them to"
+            )
+        source = parent_source
+        for i, (search, replace) in enumerate(diffs, 1):
+            try:
+                source = apply_diff(source, search, replace)
+            except ParseFailure as exc:
+                raise ParseFailure(f"diff {i} of {len(diffs)}: {exc}") from None
+        if kind == "kernelbench":
+            _check_python(source)
+        return ParsedReply(source, "diff", _rationale(text), extract_params(source), len(diffs))
+    blocks = code_blocks(text)
+    if not blocks:
+        if text.count("```") % 2 == 1:
+            raise ParseFailure("the reply ends inside an unclosed code block (truncated? allow more tokens)")
+        raise ParseFailure("the reply holds no fenced code block and no SEARCH/REPLACE diff")
+    if kind == "kernelbench":
+        chosen = [body for _, body in blocks if "class ModelNew" in body]
+        if not chosen:
+            raise ParseFailure("no code block defines `class ModelNew`")
+        source = chosen[-1]
+        _check_python(source)
+    else:
+        chosen = [body for lang, body in blocks if lang in _KERNEL_LANGS] or [b for _, b in blocks]
+        source = max(chosen, key=len)
+    return ParsedReply(source.rstrip() + "\n", "block", _rationale(text), extract_params(source))

@@ -1,0 +1,213 @@
+"""Every language-model call, recorded: prompt, response, tokens, cost, latency and errors.
+
+Calls go to the run's store (table ``llm_calls``) and to an append-only JSON-lines file (the
+``recording`` a ``replay`` provider serves from). API keys never reach either: only the prompt and
+the reply text are kept. Each call carries a *request key*: a hash of what was asked (member, kind
+and the request's structure, not measured times) plus an occurrence count, which is what replay
+looks calls up by.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from kfoundry.core.generator import GenerationRequest
+from kfoundry.core.models import Proposal, stable_hash
+
+CallKind = Literal["generate", "rank", "meta"]
+
+_DDL = [
+    """CREATE TABLE IF NOT EXISTS llm_calls (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, seq INTEGER NOT NULL, member TEXT NOT NULL,
+        provider TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, request_key TEXT NOT NULL,
+        occurrence INTEGER NOT NULL, prompt_hash TEXT NOT NULL, system TEXT NOT NULL, prompt TEXT NOT NULL,
+        response TEXT, tokens_in INTEGER NOT NULL, tokens_out INTEGER NOT NULL, cost_usd REAL NOT NULL,
+        latency_s REAL NOT NULL, attempts INTEGER NOT NULL, error TEXT, generation INTEGER,
+        created_at TEXT NOT NULL, data TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS llm_calls_run ON llm_calls (run_id)",
+]
+
+
+class SqlStore(Protocol):
+    """What the recorder needs of :class:`kfoundry.core.store.Store`."""
+
+    def ensure_table(self, ddl: str) -> None: ...
+
+    def execute(self, sql: str, params: Any = ()) -> int: ...
+
+    def query(self, sql: str, params: Any = ()) -> list[Any]: ...
+
+
+class CallRecord(BaseModel):
+    """One call to a language model (a failed one has ``error`` and no ``response``)."""
+
+    run_id: str | None = None
+    seq: int = 0
+    member: str
+    provider: str
+    model: str
+    kind: CallKind
+    request_key: str
+    occurrence: int = 0
+    prompt_hash: str
+    system: str
+    prompt: str
+    response: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    attempts: int = 1
+    error: str | None = None
+    #: ``transient`` (retries ran out), ``refused`` (this request only) or ``fatal`` (stops the run).
+    error_kind: Literal["transient", "refused", "fatal"] | None = None
+    generation: int | None = None
+    max_tokens: int = 0
+    price_in: float = 0.0
+    price_out: float = 0.0
+    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+
+def _attempt_key(attempt: Any) -> Any:
+    if attempt is None:
+        return None
+    rec = attempt.record
+    return [attempt.candidate.content_hash, rec.outcome.value if rec else None, attempt.cell]
+
+
+def request_key(
+    member: str,
+    kind: CallKind,
+    request: GenerationRequest | None = None,
+    proposals: list[Proposal] | None = None,
+    extra: Any = None,
+) -> str:
+    """Hash of what a call asks: the request's structure without measured times (stable across runs)."""
+    structure: Any = None
+    if request is not None:
+        structure = [
+            request.problem.name,
+            request.problem.shapes,
+            request.language,
+            request.device.key,
+            request.mode,
+            _attempt_key(request.parent),
+            [_attempt_key(a) for a in request.inspirations],
+            request.target_cell,
+            sorted(request.prompt_sections.items()),
+            request.generation,
+            request.extra.get("reply_feedback", ""),
+        ]
+    hashes = [p.candidate.content_hash if p.candidate else None for p in proposals or []]
+    return stable_hash(member, kind, structure, hashes, extra)
+
+
+class Recorder:
+    """Writes :class:`CallRecord` rows to the store and/or a JSON-lines file; thread-safe."""
+
+    def __init__(
+        self, store: SqlStore | None = None, path: str | Path | None = None, run_id: str | None = None
+    ) -> None:
+        self.store = store
+        self.path = Path(path) if path else None
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._occurrences: Counter[tuple[str, str]] = Counter()
+        if store is not None:
+            for ddl in _DDL:
+                store.ensure_table(ddl)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def occurrence(self, member: str, key: str) -> int:
+        """How many calls with this key this member made before (0 for the first); counts this one."""
+        with self._lock:
+            n = self._occurrences[(member, key)]
+            self._occurrences[(member, key)] += 1
+            return n
+
+    def record(self, call: CallRecord) -> CallRecord:
+        """Assign the next sequence number and write the call everywhere."""
+        with self._lock:
+            self._seq += 1
+            call = call.model_copy(update={"seq": self._seq, "run_id": call.run_id or self.run_id})
+            if self.path is not None:
+                with self.path.open("a", encoding="utf-8") as fh:
+                    fh.write(call.model_dump_json() + "\n")
+            if self.store is not None:
+                self.store.execute(
+                    """INSERT INTO llm_calls (run_id, seq, member, provider, model, kind, request_key, occurrence,
+                       prompt_hash, system, prompt, response, tokens_in, tokens_out, cost_usd, latency_s, attempts,
+                       error, generation, created_at, data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                    (
+                        call.run_id,
+                        call.seq,
+                        call.member,
+                        call.provider,
+                        call.model,
+                        call.kind,
+                        call.request_key,
+                        call.occurrence,
+                        call.prompt_hash,
+                        call.system,
+                        call.prompt,
+                        call.response,
+                        call.tokens_in,
+                        call.tokens_out,
+                        call.cost_usd,
+                        call.latency_s,
+                        call.attempts,
+                        call.error,
+                        call.generation,
+                        call.created_at,
+                        json.dumps(
+                            {
+                                "max_tokens": call.max_tokens,
+                                "price_in": call.price_in,
+                                "price_out": call.price_out,
+                                "error_kind": call.error_kind,
+                            }
+                        ),
+                    ),
+                )
+            return call
+
+
+def load_recording(source: str | Path) -> list[CallRecord]:
+    """Calls from a JSON-lines recording, a run directory holding ``llm_calls.jsonl``, or a store file."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / RECORDING_NAME
+    if not path.is_file():
+        from kfoundry.core.errors import ConfigError
+
+        raise ConfigError(f"replay: no recording at {path}")
+    if path.suffix in (".sqlite", ".db", ".sqlite3"):
+        import sqlite3
+
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn.row_factory = sqlite3.Row
+        try:
+            rows = conn.execute("SELECT * FROM llm_calls ORDER BY id").fetchall()
+        finally:
+            conn.close()
+        calls = []
+        for row in rows:
+            data = dict(row)
+            extra = json.loads(data.pop("data") or "{}")
+            data.pop("id", None)
+            calls.append(CallRecord.model_validate({**data, **extra}))
+        return calls
+    return [CallRecord.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+#: File name of the JSON-lines recording inside a run directory.
+RECORDING_NAME = "llm_calls.jsonl"

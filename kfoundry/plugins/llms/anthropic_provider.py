@@ -1,0 +1,114 @@
+"""The ``anthropic`` provider: the Messages API through the official SDK.
+
+``base_url`` is the server root (the SDK appends ``/v1/messages``). The key comes from the
+environment variable named by ``api_key_env`` (default ``ANTHROPIC_API_KEY``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import anthropic
+from anthropic.types import Message
+from pydantic import Field
+
+from kfoundry import hookimpl
+from kfoundry.core.hookspecs import Register
+from kfoundry.core.llm.prompts import Prompt
+from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
+from kfoundry.core.llm.retry import TransientError
+from kfoundry.plugins.llms.openai_provider import retry_after
+
+_RETRYABLE = {408, 409, 429}
+_FATAL = {401, 403, 404}
+
+
+class AnthropicOptions(ProviderOptions):
+    """Options of the ``anthropic`` provider."""
+
+    temperature: float | None = Field(
+        default=None, ge=0, le=1, description="Sampling temperature, sent only if set (newer models fix it)."
+    )
+    thinking_budget: int | None = Field(
+        default=None, ge=1024, description="Extended-thinking token budget (None: no extended thinking)."
+    )
+    adaptive_thinking: bool = Field(default=False, description="Let the model decide how long to think.")
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
+        default=None, description="Effort level (output_config.effort; None: not sent)."
+    )
+
+
+class AnthropicProvider(LLMProvider):
+    """Anthropic Messages API."""
+
+    provider = "anthropic"
+    default_model = "claude-sonnet-4-5"
+    default_key_env = "ANTHROPIC_API_KEY"
+
+    def __init__(self, options: AnthropicOptions) -> None:
+        super().__init__(options)
+        self.options: AnthropicOptions = options
+        self._client: anthropic.Anthropic | None = None
+
+    def client(self) -> anthropic.Anthropic:
+        if self._client is None:
+            self._client = anthropic.Anthropic(
+                api_key=self.api_key(),
+                base_url=self.options.base_url,
+                timeout=self.options.timeout,
+                max_retries=0,
+            )
+        return self._client
+
+    def _complete(self, prompt: Prompt, max_tokens: int) -> Completion:
+        opts = self.options
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "system": prompt.system,
+            "messages": [{"role": "user", "content": prompt.user}],
+            "max_tokens": max_tokens,
+            "timeout": opts.timeout,
+        }
+        if opts.adaptive_thinking:
+            kwargs["thinking"] = {"type": "adaptive"}
+        elif opts.thinking_budget is not None:
+            kwargs["thinking"] = {
+                "type": "enabled",
+                "budget_tokens": min(opts.thinking_budget, max_tokens - 1),
+            }
+        if opts.effort is not None:
+            kwargs["output_config"] = {"effort": opts.effort}
+        if opts.temperature is not None and "thinking" not in kwargs:
+            kwargs["extra_body"] = {"temperature": opts.temperature}
+        try:
+            resp = self.client().messages.create(**kwargs)
+        except anthropic.APIStatusError as exc:
+            status = exc.status_code
+            what = f"llm {self.name}: HTTP {status}: {self.scrub(str(exc.message))[:300]}"
+            if status in _RETRYABLE or status >= 500:
+                raise TransientError(what, retry_after(exc)) from None
+            if status in _FATAL:
+                raise LLMError(what) from None
+            raise CallRefused(what) from None
+        except anthropic.APIConnectionError as exc:  # includes timeouts
+            raise TransientError(f"llm {self.name}: {type(exc).__name__}: {exc}") from None
+        except ValueError as exc:  # a 200 whose body claims JSON but is not
+            raise TransientError(f"llm {self.name}: malformed reply (not JSON: {exc})") from None
+        return self._read(resp)
+
+    def _read(self, resp: object) -> Completion:
+        if not isinstance(resp, Message):
+            raise TransientError(f"llm {self.name}: malformed reply ({type(resp).__name__}, not a message)")
+        parts = [b.text for b in resp.content if getattr(b, "type", "") == "text" and isinstance(b.text, str)]
+        usage = resp.usage
+        tokens_in = (
+            int(usage.input_tokens or 0)
+            + int(usage.cache_creation_input_tokens or 0)
+            + int(usage.cache_read_input_tokens or 0)
+        )
+        return Completion("".join(parts), tokens_in, int(usage.output_tokens or 0), resp.stop_reason or "")
+
+
+@hookimpl
+def kf_register_llms(register: Register) -> None:
+    register("anthropic", AnthropicProvider, options=AnthropicOptions, description="Anthropic Messages API")

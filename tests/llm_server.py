@@ -1,0 +1,326 @@
+"""A scripted local HTTP server speaking the real OpenAI chat-completions and Anthropic messages wire
+formats, on 127.0.0.1, for tests of the providers through the official SDKs.
+
+    with LLMServer(key="sk-test") as srv:
+        srv.openai.push(Reply("```python ...```"), Status(429, retry_after=0.05), Garbage())
+        OpenAI(base_url=srv.openai_url, api_key="sk-test")      # .../v1
+        Anthropic(base_url=srv.anthropic_url, api_key="sk-test")
+
+Each route serves its queued actions first, then its ``responder(body) -> action`` (default: a
+fixed reply). Usage is reported as ceil(characters / 4) unless an action says otherwise. Every
+request is kept (path, headers, JSON body) in ``srv.requests``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    """A 200 with a well-formed completion holding ``text``."""
+
+    text: str
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    finish: str | None = None
+    usage: bool = True
+
+
+@dataclass
+class Status:
+    """An error status with the format's error body (and ``Retry-After`` if given)."""
+
+    code: int
+    message: str = "scripted error"
+    retry_after: float | None = None
+
+
+@dataclass
+class Garbage:
+    """A 200 whose body is not JSON (under the given content type)."""
+
+    body: str = "<html>upstream proxy error</html>"
+    content_type: str = "application/json"
+
+
+@dataclass
+class Slow:
+    """Wait ``delay`` seconds, then perform ``then``."""
+
+    delay: float
+    then: Any = None
+
+
+Action = Reply | Status | Garbage | Slow
+Responder = Callable[[dict[str, Any]], Action]
+
+
+@dataclass
+class Route:
+    """The script of one API: queued actions, then the responder."""
+
+    responder: Responder = field(default_factory=lambda: lambda body: Reply("no script"))
+    queue: deque[Action] = field(default_factory=deque)
+
+    def push(self, *actions: Action) -> None:
+        self.queue.extend(actions)
+
+    def next(self, body: dict[str, Any]) -> Action:
+        return self.queue.popleft() if self.queue else self.responder(body)
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """All prompt text of a request body (either format)."""
+    parts = [body.get("system") or ""] if isinstance(body.get("system"), str) else []
+    for m in body.get("messages", []):
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [c.get("text", "") for c in content if isinstance(c, dict)]
+    return "\n".join(parts)
+
+
+def count(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4))
+
+
+class LLMServer:
+    """The server; use as a context manager."""
+
+    def __init__(self, key: str | None = None) -> None:
+        self.key = key
+        self.openai = Route()
+        self.anthropic = Route()
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LLMServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def calls(self, api: str) -> list[dict[str, Any]]:
+        """Requests that reached ``api`` ("openai" or "anthropic")."""
+        return [r for r in self.requests if r["api"] == api]
+
+    # -- HTTP ----------------------------------------------------------------------------------------
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {}
+                if self.path.rstrip("/").endswith("/chat/completions"):
+                    api, route = "openai", server.openai
+                elif self.path.rstrip("/").endswith("/v1/messages"):
+                    api, route = "anthropic", server.anthropic
+                else:
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                with server._lock:
+                    server.requests.append(
+                        {"api": api, "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+                    )
+                if server.key is not None and not self._authorised(server.key):
+                    self._error(api, Status(401, "invalid api key"))
+                    return
+                with server._lock:
+                    action = route.next(body)
+                self._perform(api, body, action)
+
+            def _authorised(self, key: str) -> bool:
+                auth = self.headers.get("authorization", "")
+                return auth == f"Bearer {key}" or self.headers.get("x-api-key") == key
+
+            def _perform(self, api: str, body: dict[str, Any], action: Action) -> None:
+                if isinstance(action, Slow):
+                    time.sleep(action.delay)
+                    action = action.then or Reply("slow reply")
+                if isinstance(action, Status):
+                    self._error(api, action)
+                elif isinstance(action, Garbage):
+                    data = action.body.encode()
+                    self.send_response(200)
+                    self.send_header("content-type", action.content_type)
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                else:
+                    self._reply(api, body, action)
+
+            def _reply(self, api: str, body: dict[str, Any], r: Reply) -> None:
+                tin = r.tokens_in if r.tokens_in is not None else count(prompt_text(body))
+                tout = r.tokens_out if r.tokens_out is not None else count(r.text)
+                model = body.get("model", "unknown")
+                if api == "openai":
+                    payload: dict[str, Any] = {
+                        "id": f"chatcmpl-{len(server.requests)}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": r.text},
+                                "finish_reason": r.finish or "stop",
+                                "logprobs": None,
+                            }
+                        ],
+                    }
+                    if r.usage:
+                        payload["usage"] = {
+                            "prompt_tokens": tin,
+                            "completion_tokens": tout,
+                            "total_tokens": tin + tout,
+                        }
+                else:
+                    payload = {
+                        "id": f"msg_{len(server.requests)}",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": model,
+                        "content": [{"type": "text", "text": r.text}],
+                        "stop_reason": r.finish or "end_turn",
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": tin, "output_tokens": tout},
+                    }
+                self._send(200, payload)
+
+            def _error(self, api: str, s: Status) -> None:
+                kind = {401: "authentication_error", 429: "rate_limit_error", 404: "not_found_error"}.get(
+                    s.code, "api_error" if s.code >= 500 else "invalid_request_error"
+                )
+                if api == "openai":
+                    payload: dict[str, Any] = {"error": {"message": s.message, "type": kind, "code": None}}
+                else:
+                    payload = {"type": "error", "error": {"type": kind, "message": s.message}}
+                headers = {"retry-after": str(s.retry_after)} if s.retry_after is not None else {}
+                self._send(s.code, payload, headers)
+
+            def _send(
+                self, code: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+# -- canned kernels and a responder that plays a whole run ----------------------------------------------
+
+VECADD_TEMPLATE = '''import torch
+import torch.nn as nn
+from kfoundry.runtime import cdiv, load
+
+SRC = r"""
+__kernel void vadd(__global const float* a, __global const float* b, __global float* c, const int n) {{
+    int i = get_global_id(0) * WORK;
+    for (int k = 0; k < WORK; ++k) {{
+        if (i + k < n) c[i + k] = a[i + k] + b[i + k]{tweak};
+    }}
+}}
+"""
+PARAMS = {{"BLOCK": {block}, "WORK": {work}}}
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mod = load(SRC, defines=PARAMS)
+
+    def forward(self, a, b):
+        a, b = a.contiguous(), b.contiguous()
+        c = torch.empty_like(a)
+        n = a.numel()
+        per_group = PARAMS["BLOCK"] * PARAMS["WORK"]
+        self.mod.vadd(a, b, c, n, grid=(cdiv(n, per_group), 1, 1), block=(PARAMS["BLOCK"], 1, 1))
+        return c
+'''
+
+
+def vecadd(block: int = 64, work: int = 1, wrong: bool = False) -> str:
+    """A real OpenCL ``ModelNew`` for ``a + b`` (``wrong``: adds 1, a mismatch)."""
+    return VECADD_TEMPLATE.format(block=block, work=work, tweak=" + 1.0f" if wrong else "")
+
+
+def fenced(source: str, plan: str = "Plan: one work-item per WORK elements.") -> str:
+    return f"{plan}\n\n```python\n{source}```\n"
+
+
+def kind_of(body: dict[str, Any]) -> str:
+    """Which prompt a request carries: ``rank``, ``meta`` or ``generate``."""
+    text = prompt_text(body)
+    if "\n# Rank " in "\n" + text:
+        return "rank"
+    if "# Rewrite the section" in text:
+        return "meta"
+    return "generate"
+
+
+def script_responder(
+    kernels: list[str], ranking: str | None = None, meta_text: str = "Measure first."
+) -> Responder:
+    """Cycle through ``kernels`` (reply texts) for generation prompts; rank with ``ranking`` (or the
+    reverse order: newest first); rewrite sections with ``meta_text``."""
+    state = {"i": 0}
+    lock = threading.Lock()
+
+    def respond(body: dict[str, Any]) -> Action:
+        kind = kind_of(body)
+        if kind == "rank":
+            n = prompt_text(body).count("\n## Candidate ")
+            order = ranking or " > ".join(str(i) for i in range(n, 0, -1))
+            return Reply(f"Candidate {n} coalesces best.\nRANKING: {order}")
+        if kind == "meta":
+            return Reply(f"Shorter is better.\n```text\n{meta_text}\n```")
+        with lock:
+            text = kernels[state["i"] % len(kernels)]
+            state["i"] += 1
+        return Reply(text)
+
+    return respond
