@@ -1,0 +1,16 @@
+"""The evaluation pipeline: static checks → compile → correctness → timing, each candidate in a
+sandboxed worker process, results cached in the store.
+
+Public API: :class:`Evaluator` (``evaluate``, ``evaluate_many``, ``reference_timing``, ``device``,
+``backend_name``, ``close``), :class:`Executor` (the executor plugin contract), :class:`EvalJob`,
+:class:`JobResult` and :func:`run_sandboxed` (what an executor calls per job).
+"""
+
+from __future__ import annotations
+
+from kfoundry.core.evaluation.evaluator import EvaluationError, Evaluator
+from kfoundry.core.evaluation.executor import Executor
+from kfoundry.core.evaluation.jobs import EvalJob, JobResult
+from kfoundry.core.evaluation.sandbox import run_sandboxed
+
+__all__ = ["EvalJob", "EvaluationError", "Evaluator", "Executor", "JobResult", "run_sandboxed"]

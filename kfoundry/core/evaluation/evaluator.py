@@ -1,0 +1,209 @@
+"""The :class:`Evaluator`: candidate in, trustworthy :class:`EvalRecord` out.
+
+Static checks (built-in and every plugin's ``kf_static_checks``) run here; compile, correctness and
+timing run in a sandboxed worker through the configured executor plugin. Results are cached in the
+store by content hash of (candidate source/params, problem, backend, device, toolchain, tolerances).
+Speedup is against the reference timed by the same harness on the same device; the roofline
+fraction uses the device's peak bandwidth / fp32 rate where known, and a time under the roofline or
+a speedup above ``evaluation.flag_speedup_above`` sets ``roofline_flag`` for review.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import secrets
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kfoundry.core import hooks
+from kfoundry.core.backend import Backend
+from kfoundry.core.config import RunConfig, build_plugin
+from kfoundry.core.errors import BackendUnavailable, KfError
+from kfoundry.core.evaluation.executor import Executor
+from kfoundry.core.evaluation.jobs import EvalJob, JobResult
+from kfoundry.core.evaluation.static import check_source
+from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome, TimingStats, stable_hash
+from kfoundry.core.peaks import roofline_fraction
+from kfoundry.core.plugins import PluginKind, get_plugin_manager
+from kfoundry.core.problem import Problem
+from kfoundry.core.store import Store
+
+
+class EvaluationError(KfError):
+    """The evaluation itself cannot proceed (for example: the reference fails on this device)."""
+
+
+def _entry_point_of(kind: PluginKind, name: str) -> str | None:
+    """The entry point that registered plugin ``name`` (None if it was registered in-process)."""
+    plugin = get_plugin_manager().get(kind, name).plugin
+    names = {ep.name for ep in md.entry_points(group="kfoundry")}
+    return plugin if plugin in names else None
+
+
+class Evaluator:
+    """Evaluates candidates for one problem on one backend device (see module docstring)."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        config: RunConfig,
+        store: Store | None = None,
+        run_id: str | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        self.problem = problem
+        self.config = config
+        self.store = store
+        self.run_id = run_id
+        self.backend: Backend = build_plugin(config.backend, "backend")
+        caps = self.backend.capabilities()
+        if not caps.can_run:
+            raise BackendUnavailable(f"backend {self.backend.name} cannot run kernels here: {caps.reason}")
+        self._device = self.backend.select_device(config.backend.device)
+        self.toolchain = self.backend.toolchain_version()
+        self.executor: Executor = executor or build_plugin(config.executor, "executor")
+        digest = hashlib.sha256(self._device.key.encode()).hexdigest()[:12]
+        self.lock_path = str(Path(tempfile.gettempdir()) / f"kfoundry-bench-{digest}.lock")
+        self._reference: TimingStats | None = None
+        self._backend_plugin = _entry_point_of("backend", config.backend.name)
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def device(self) -> DeviceProfile:
+        return self._device
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def eval_key(self, candidate: Candidate) -> str:
+        """Cache key: candidate content, problem, backend, device, toolchain and tolerances."""
+        ev = self.config.evaluation
+        return stable_hash(
+            candidate.content_hash, self.problem.key, self.backend.name, self._device.key, self.toolchain,
+            ev.trials, ev.atol, ev.rtol,
+        )
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def _job(self, kind: str, candidate: Candidate | None = None) -> EvalJob:
+        return EvalJob(
+            kind=kind,  # type: ignore[arg-type]
+            problem_path=str(self.problem.path.resolve()),
+            shapes=dict(self.problem.shapes),
+            candidate=candidate,
+            backend=self.backend.name,
+            backend_options=dict(self.config.backend.options),
+            backend_plugin=self._backend_plugin,
+            device=self._device.index,
+            evaluation=self.config.evaluation,
+            seeds=[secrets.randbits(31) for _ in range(self.config.evaluation.trials)],
+            lock_path=self.lock_path,
+        )
+
+    def reference_timing(self) -> TimingStats:
+        """The reference's timing on this device, by the same harness (cached in the store)."""
+        if self._reference is not None:
+            return self._reference
+        key = stable_hash("reference", self.problem.key, self._device.key, self.toolchain, torch.__version__)
+        cached = self.store.get_reference_timing(key) if self.store and self.config.evaluation.cache else None
+        if cached is None:
+            result = self.executor.run([self._job("reference")])[0]
+            if result.outcome is not Outcome.correct or result.timing is None:
+                raise EvaluationError(f"the reference of {self.problem.name} failed: {result.message}")
+            cached = result.timing
+            if self.store is not None:
+                self.store.save_reference_timing(key, cached)
+        self._reference = cached
+        return cached
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    def _precheck(self, candidate: Candidate, key: str) -> EvalRecord | None:
+        if candidate.language != self.backend.language:
+            return self._record(candidate, key, JobResult(
+                outcome=Outcome.compile_error,
+                message=f"candidate is {candidate.language}, backend {self.backend.name} compiles {self.backend.language}",
+            ))
+        reasons = check_source(candidate) + hooks.static_checks(candidate, self.problem.name)
+        if reasons:
+            return self._record(candidate, key, JobResult(outcome=Outcome.rejected, message="static check: " + "; ".join(reasons)))
+        return None
+
+    def _record(self, candidate: Candidate, key: str, result: JobResult) -> EvalRecord:
+        record = EvalRecord(
+            candidate_hash=candidate.content_hash,
+            eval_key=key,
+            problem=self.problem.name,
+            backend=self.backend.name,
+            device=self._device.key,
+            toolchain=self.toolchain,
+            outcome=result.outcome,
+            message=result.message,
+            log=result.log,
+            timing=result.timing,
+            compile_time_s=result.compile_time_s,
+            resources=result.resources,
+        )
+        if result.outcome is Outcome.correct and result.timing is not None:
+            ref = self.reference_timing()
+            record.reference_timing = ref
+            record.speedup = ref.median_ms / result.timing.median_ms
+            a = self.problem.analysis()
+            record.roofline_fraction = roofline_fraction(self._device, result.timing.median_ms / 1e3, a.bytes_moved, a.flops)
+            over_roof = record.roofline_fraction is not None and record.roofline_fraction > 1.0
+            record.roofline_flag = over_roof or record.speedup > self.config.evaluation.flag_speedup_above
+        return record
+
+    def _finish(self, candidate: Candidate, record: EvalRecord) -> EvalRecord:
+        if self.store is not None:
+            self.store.save_candidate(candidate, self.run_id)
+            if not record.cached or not self._stored_for_run(record.eval_key):
+                self.store.save_evaluation(record, self.run_id)
+        hooks.candidate_evaluated(candidate, record)
+        return record
+
+    def _stored_for_run(self, key: str) -> bool:
+        assert self.store is not None
+        rows = self.store.query("SELECT 1 FROM evaluations WHERE eval_key=? AND run_id IS ? LIMIT 1", (key, self.run_id))
+        return bool(rows)
+
+    def evaluate(self, candidate: Candidate) -> EvalRecord:
+        """Evaluate one candidate (served from the store when an identical evaluation exists)."""
+        return self.evaluate_many([candidate])[0]
+
+    def evaluate_many(self, candidates: list[Candidate]) -> list[EvalRecord]:
+        """Evaluate candidates through the executor (concurrently where it allows); records in order."""
+        records: list[EvalRecord | None] = [None] * len(candidates)
+        pending: list[tuple[int, str]] = []
+        for i, candidate in enumerate(candidates):
+            key = self.eval_key(candidate)
+            cached = self.store.cached_evaluation(key) if self.store and self.config.evaluation.cache else None
+            if cached is not None:
+                records[i] = self._finish(candidate, cached)
+                continue
+            early = self._precheck(candidate, key)
+            if early is not None:
+                records[i] = self._finish(candidate, early)
+            else:
+                pending.append((i, key))
+        if pending:
+            self.reference_timing()
+            results = self.executor.run([self._job("evaluate", candidates[i]) for i, _ in pending])
+            for (i, key), result in zip(pending, results, strict=True):
+                records[i] = self._finish(candidates[i], self._record(candidates[i], key, result))
+        return [r for r in records if r is not None]
+
+    def close(self) -> None:
+        """Release the executor's workers."""
+        self.executor.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,60 @@
+"""The runtime guard around a candidate's ``forward``: a torch dispatch mode that
+
+- records every torch operator the candidate runs and flags those that compute (a torch fallback,
+  however reached: directly, in a try/except, through inheritance or a helper), and
+- poisons freshly allocated tensors (NaN for floats, a sentinel for integers) so that an output
+  element the kernel never writes cannot pass, nor can reused memory from the reference's freed
+  output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: Operators a forward may run: allocation, views, copies and shape bookkeeping.
+ALLOWED_OPS = {
+    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "zero_",
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "detach", "alias", "t", "transpose", "permute",
+    "expand", "contiguous", "clone", "copy_", "_to_copy", "as_strided", "squeeze", "unsqueeze",
+    "flatten", "unflatten", "select", "slice", "split", "split_with_sizes", "chunk", "unbind", "narrow",
+    "lift_fresh", "lift_fresh_copy", "view_as", "expand_as", "resize_", "arange", "scalar_tensor",
+    "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
+    "_has_compatible_shallow_copy_type", "set_",
+}
+
+_FRESH = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
+
+INT_POISON = -0x5A5A5A5A
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill ``t`` with a value no correct kernel leaves behind (NaN for floating types)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        info = torch.iinfo(t.dtype)
+        t.fill_(max(info.min, min(info.max, INT_POISON)) if info.min < 0 else info.max)
+
+
+class ForwardGuard(TorchDispatchMode):
+    """Use as ``with ForwardGuard(poison=True) as g: model(*inputs)``; then read ``g.forbidden``."""
+
+    def __init__(self, poison_fresh: bool = True) -> None:
+        super().__init__()
+        self.poison_fresh = poison_fresh
+        self.forbidden: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if name not in ALLOWED_OPS and name not in self.forbidden:
+            self.forbidden.append(name)
+        out = func(*args, **(kwargs or {}))
+        if self.poison_fresh and name in _FRESH and isinstance(out, torch.Tensor):
+            poison(out)
+        return out

@@ -1,0 +1,41 @@
+"""What an executor runs: an :class:`EvalJob` in, a :class:`JobResult` out (both plain, picklable data)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from kfoundry.core.config import EvaluationConfig
+from kfoundry.core.models import Candidate, Outcome, TimingStats
+
+
+class EvalJob(BaseModel):
+    """One sandboxed job: evaluate a candidate (``evaluate``) or time the reference (``reference``)."""
+
+    kind: Literal["evaluate", "reference"] = "evaluate"
+    problem_path: str
+    shapes: dict[str, int | float] = Field(default_factory=dict)
+    candidate: Candidate | None = None
+    backend: str = "opencl"
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    #: Entry point that registers the backend: the worker loads only that plugin (None: all).
+    backend_plugin: str | None = None
+    device: str | int | None = None
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    #: Fresh input seeds, one per correctness trial.
+    seeds: list[int] = Field(default_factory=list)
+    #: File locked around the timing phase: one benchmark per device at a time.
+    lock_path: str | None = None
+
+
+class JobResult(BaseModel):
+    """What a job found. ``outcome`` is ``correct`` for a successful reference timing too."""
+
+    outcome: Outcome
+    message: str = ""
+    log: str = ""
+    timing: TimingStats | None = None
+    compile_time_s: float | None = None
+    resources: dict[str, Any] = Field(default_factory=dict)
+    wall_s: float = 0.0

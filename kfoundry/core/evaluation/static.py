@@ -1,0 +1,138 @@
+"""Static checks on a candidate's source, before anything is compiled or run.
+
+A KernelBench candidate may import only a few modules (torch, math, numpy, ``kfoundry.runtime``),
+may not reach into the interpreter (``eval``, ``gc``, ``sys``, dispatch-mode internals...), may not
+inherit from the reference ``Model``, and its ``forward`` may allocate and reshape but not compute
+with torch. Plugins add their own vetoes through ``kf_static_checks``
+(:func:`kfoundry.core.hooks.static_checks`). The runtime guard (:mod:`.guard`) backs these up.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from kfoundry.core.models import Candidate
+
+ALLOWED_IMPORTS = {
+    "torch", "torch.nn", "torch.nn.functional", "math", "numpy", "kfoundry.runtime", "typing",
+    "__future__", "dataclasses", "functools", "itertools", "collections", "textwrap",
+}
+
+BANNED_NAMES = {
+    "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
+    "open", "breakpoint", "__builtins__", "input", "memoryview",
+}
+
+BANNED_ATTRIBUTES = {
+    "_disable_current_modes", "_get_current_dispatch_mode", "__torch_dispatch__", "__torch_function__",
+    "_python_dispatch", "_C", "_dynamo", "__globals__", "__code__", "__closure__", "__subclasses__",
+    "__dict__", "__class__", "__bases__", "__mro__", "f_back", "f_globals", "modules", "perf_counter",
+    "perf_counter_ns", "synchronize",
+}
+
+#: torch functions a ``forward`` may call: allocation, views and shape queries.
+FORWARD_TORCH_OK = {
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
+    "full_like", "Size", "float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8",
+    "bool", "device", "no_grad", "is_tensor", "numel", "arange",
+}
+
+
+def _dotted(node: ast.AST) -> str:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return ""
+
+
+def _imports(tree: ast.AST) -> list[str]:
+    reasons: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                reasons.append(f"line {node.lineno}: relative import")
+                continue
+            names = [mod] if mod in ALLOWED_IMPORTS else [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name not in ALLOWED_IMPORTS:
+                reasons.append(f"line {node.lineno}: import of {name} is not allowed in a candidate")
+    return reasons
+
+
+def _names(tree: ast.AST) -> list[str]:
+    reasons: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in BANNED_NAMES:
+            reasons.append(f"line {node.lineno}: use of {node.id} is not allowed in a candidate")
+        elif isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRIBUTES:
+            reasons.append(f"line {node.lineno}: access to .{node.attr} is not allowed in a candidate")
+    return reasons
+
+
+def _torch_aliases(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """Names bound to the torch module and to torch.nn.functional."""
+    torch_names, functional = {"torch"}, {"F"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "torch":
+                    torch_names.add(a.asname or "torch")
+                if a.name == "torch.nn.functional" and a.asname:
+                    functional.add(a.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch.nn":
+            functional.update(a.asname or a.name for a in node.names if a.name == "functional")
+    return torch_names, functional
+
+
+def _model_new(tree: ast.Module) -> list[str]:
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
+    if cls is None:
+        return []
+    reasons = [
+        f"line {cls.lineno}: ModelNew may not inherit from the reference Model"
+        for base in cls.bases
+        if _dotted(base).split(".")[-1] == "Model"
+    ]
+    torch_names, functional = _torch_aliases(tree)
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                reasons.append(f"line {node.lineno}: '@' in {fn.name}: compute must run in a kernel")
+            if not isinstance(node, ast.Call):
+                continue
+            name = _dotted(node.func)
+            head, _, rest = name.partition(".")
+            if head in torch_names and rest and rest.split(".")[0] == "nn":
+                reasons.append(f"line {node.lineno}: {name} in {fn.name}: compute must run in a kernel")
+            elif head in torch_names and rest and rest not in FORWARD_TORCH_OK:
+                reasons.append(f"line {node.lineno}: torch.{rest} in {fn.name}: compute must run in a kernel")
+            elif head in functional and rest:
+                reasons.append(f"line {node.lineno}: {name} in {fn.name}: compute must run in a kernel")
+    return reasons
+
+
+def check_source(candidate: Candidate) -> list[str]:
+    """Reasons to reject ``candidate`` before compiling (empty: accepted).
+
+    A Python syntax error is not a reason here: building the candidate reports it as a compile error.
+    """
+    if not candidate.source.strip():
+        return ["empty source"]
+    if candidate.kind == "native":
+        return []
+    try:
+        tree = ast.parse(candidate.source)
+    except SyntaxError:
+        return []
+    return _imports(tree) + _names(tree) + _model_new(tree)

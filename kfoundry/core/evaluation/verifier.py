@@ -1,0 +1,111 @@
+"""Correctness verdicts for one trial, and the cross-trial input-independence check.
+
+Checks, in order: output count and type, shape, dtype, elements never written (poison left),
+inputs modified, constant output where the reference varies, NaN/Inf, then values within dtype-aware
+tolerances (fp32/fp64 1e-4 abs and rel unless configured, fp16/bf16 1e-2, integers exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kfoundry.core.models import Outcome
+
+LOW_PRECISION = {torch.float16, torch.bfloat16}
+
+
+@dataclass
+class Verdict:
+    outcome: Outcome
+    message: str
+
+
+def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    """(atol, rtol) for an output dtype; configured values win."""
+    default = 1e-2 if dtype in LOW_PRECISION else (0.0 if not dtype.is_floating_point else 1e-4)
+    return (default if atol is None else atol), (default if rtol is None else rtol)
+
+
+def _unwritten(out: torch.Tensor, ref: torch.Tensor) -> int:
+    """Elements still holding the poison (NaN where the reference has none)."""
+    if out.dtype.is_floating_point:
+        return int((torch.isnan(out) & ~torch.isnan(ref)).sum())
+    return 0
+
+
+def _is_constant(t: torch.Tensor) -> bool:
+    flat = t.reshape(-1)
+    return flat.numel() > 1 and bool((flat == flat[0]).all())
+
+
+def check_trial(
+    outputs: Sequence[Any],
+    references: Sequence[Any],
+    inputs: Sequence[Any],
+    snapshots: Sequence[Any],
+    atol: float | None,
+    rtol: float | None,
+) -> Verdict | None:
+    """The first failure of one trial, or None when the trial passes."""
+    if len(outputs) != len(references):
+        return Verdict(Outcome.wrong_shape, f"returned {len(outputs)} outputs, expected {len(references)}")
+    for i, (out, ref) in enumerate(zip(outputs, references, strict=True)):
+        if not isinstance(ref, torch.Tensor):
+            continue
+        if type(out) is not torch.Tensor:
+            return Verdict(Outcome.rejected, f"output {i} is a {type(out).__name__}, not a plain torch.Tensor")
+        if out.shape != ref.shape:
+            return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(out.shape)}, expected {list(ref.shape)}")
+        if out.dtype != ref.dtype:
+            return Verdict(Outcome.mismatch, f"output {i} has dtype {out.dtype}, expected {ref.dtype}")
+    for i, (now, before) in enumerate(zip(inputs, snapshots, strict=True)):
+        if isinstance(now, torch.Tensor) and not torch.equal(now, before) and not _same_with_nan(now, before):
+            return Verdict(Outcome.rejected, f"the candidate modified input {i}")
+    for i, (out, ref) in enumerate(zip(outputs, references, strict=True)):
+        if not isinstance(ref, torch.Tensor):
+            continue
+        out, ref = out.detach().cpu(), ref.detach().cpu()
+        missing = _unwritten(out, ref)
+        if missing:
+            return Verdict(
+                Outcome.mismatch, f"output {i}: {missing} of {out.numel()} elements never written (poison remained)"
+            )
+        if _is_constant(out) and not _is_constant(ref):
+            return Verdict(Outcome.rejected, f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies")
+        if out.dtype.is_floating_point:
+            bad = ~torch.isfinite(out) & torch.isfinite(ref)
+            if bool(bad.any()):
+                return Verdict(Outcome.mismatch, f"output {i}: {int(bad.sum())} NaN/Inf values where the reference is finite")
+        a, r = tolerances(ref.dtype, atol, rtol)
+        if not torch.allclose(out.double(), ref.double(), atol=a, rtol=r, equal_nan=True):
+            diff = (out.double() - ref.double()).abs()
+            diff = torch.nan_to_num(diff, nan=float("inf"))
+            worst = int(diff.reshape(-1).argmax())
+            n_bad = int((diff > a + r * ref.double().abs()).sum())
+            return Verdict(
+                Outcome.mismatch,
+                f"output {i}: {n_bad} of {out.numel()} elements off (worst at flat index {worst}: "
+                f"got {out.reshape(-1)[worst].item():.6g}, expected {ref.reshape(-1)[worst].item():.6g}; "
+                f"atol={a:g}, rtol={r:g})",
+            )
+    return None
+
+
+def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype.is_floating_point and a.shape == b.shape and bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+
+
+def check_independence(outputs_per_trial: Sequence[Sequence[Any]], refs_per_trial: Sequence[Sequence[Any]]) -> Verdict | None:
+    """Reject outputs identical across trials whose inputs (and reference outputs) differ."""
+    for j in range(1, len(outputs_per_trial)):
+        for i, (out, ref) in enumerate(zip(outputs_per_trial[j], refs_per_trial[j], strict=True)):
+            prev_out, prev_ref = outputs_per_trial[0][i], refs_per_trial[0][i]
+            if not isinstance(ref, torch.Tensor) or not isinstance(out, torch.Tensor):
+                continue
+            if torch.equal(out, prev_out) and not torch.equal(ref, prev_ref):
+                return Verdict(Outcome.rejected, f"output {i} does not depend on the input (identical across trials)")
+    return None

@@ -1,0 +1,284 @@
+"""Problems: KernelBench-format Python files and native kernel tasks (TOML), behind one interface.
+
+``load_problem(path, shapes)`` returns a :class:`Problem`. A KernelBench file defines ``Model``,
+``get_inputs()`` and (optionally) ``get_init_inputs()``; its module-level numeric constants are the
+*shapes* and may be overridden (``--shape batch_size=8``). A native task is a ``.toml`` file (see
+:mod:`kfoundry.core.native_task`). Either way a problem builds its reference model, its inputs for a
+seed, and a runnable model from a :class:`~kfoundry.core.models.Candidate`, and knows the least it
+must move (``bytes_moved``) and compute (``flops``, torch's FLOP counter on the reference).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from kfoundry.core.errors import CandidateError, ProblemError
+from kfoundry.core.generator import ProblemSummary
+from kfoundry.core.models import Candidate, ParamValue, TunableSpace, stable_hash
+
+Loader = Callable[..., Any]
+
+
+class CandidateBuildError(CandidateError):
+    """A candidate's Python source could not be executed or defines no usable ``ModelNew``."""
+
+
+def as_tensor_list(value: Any) -> list[Any]:
+    """A model's output (tensor, tuple or list) as a flat list."""
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    return [value]
+
+
+@dataclass
+class Analysis:
+    """What one reference run tells about a problem."""
+
+    input_shapes: list[list[int]]
+    input_dtypes: list[str]
+    output_shapes: list[list[int]]
+    output_dtypes: list[str]
+    bytes_moved: int
+    flops: float
+
+
+@dataclass
+class Problem:
+    """A loaded problem (see module docstring). Build with :func:`load_problem`."""
+
+    name: str
+    path: Path
+    format: Literal["kernelbench", "native"]
+    source: str
+    shapes: dict[str, int | float]
+    module: types.ModuleType | None = None
+    native: Any = None  # kfoundry.core.native_task.NativeTask for native problems
+    _analysis: Analysis | None = field(default=None, repr=False)
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """Content hash of what defines the problem (source, format, shapes in force)."""
+        extra = self.native.fingerprint() if self.native is not None else ""
+        return stable_hash(self.format, self.source, self.shapes, extra)
+
+    @property
+    def space(self) -> TunableSpace | None:
+        """The native task's tunable parameters (None for KernelBench problems)."""
+        return self.native.space if self.native is not None else None
+
+    @property
+    def language(self) -> str | None:
+        return self.native.spec.language if self.native is not None else None
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def make_init_inputs(self) -> list[Any]:
+        """Constructor arguments of ``Model`` / ``ModelNew`` (seeded: deterministic)."""
+        if self.native is not None:
+            return []
+        fn = getattr(self.module, "get_init_inputs", None)
+        if fn is None:
+            return []
+        torch.manual_seed(0)
+        return list(fn())
+
+    def make_inputs(self, seed: int) -> list[Any]:
+        """Forward arguments drawn with ``seed`` (fresh random tensors, as the problem defines them)."""
+        if self.native is not None:
+            return self.native.make_inputs(seed)
+        torch.manual_seed(seed)
+        inputs = self.module.get_inputs()  # type: ignore[union-attr]
+        if not isinstance(inputs, (list, tuple)):
+            raise ProblemError(f"{self.path}: get_inputs() must return a list, got {type(inputs).__name__}")
+        return list(inputs)
+
+    def make_reference(self, seed: int = 0) -> nn.Module:
+        """The reference model, built after seeding the RNG with ``seed`` (KernelBench convention)."""
+        if self.native is not None:
+            return self.native.make_reference()
+        torch.manual_seed(seed)
+        return self.module.Model(*self.make_init_inputs())  # type: ignore[union-attr]
+
+    def candidate_params(self, candidate: Candidate) -> dict[str, ParamValue]:
+        """Parameter values in force: the first allowed value of each tunable, then the candidate's own."""
+        params: dict[str, ParamValue] = {}
+        for space in (self.space, candidate.space):
+            if space is not None:
+                params.update({k: v[0] for k, v in space.params.items() if v})
+        if self.native is not None:
+            params.update(self.native.spec.defaults)
+        params.update(candidate.params)
+        return params
+
+    def build_candidate(self, candidate: Candidate, load: Loader, seed: int = 0) -> nn.Module:
+        """A runnable model for ``candidate``; ``load`` compiles kernel source (``kfoundry.runtime.load``).
+
+        KernelBench: the source runs as a fresh module with ``PARAMS`` (the parameter values) set, and
+        ``ModelNew`` is built after seeding the RNG with ``seed``. Native: the kernel source is compiled
+        with the parameters as defines and launched as the task describes.
+        """
+        params = self.candidate_params(candidate)
+        if self.native is not None or candidate.kind == "native":
+            if self.native is None:
+                raise CandidateBuildError(f"problem {self.name} is a KernelBench problem; candidate is a native kernel")
+            return self.native.make_model(candidate.source, params, load)
+        namespace: dict[str, Any] = {"__name__": "kf_candidate", "PARAMS": dict(params)}
+        try:
+            code = compile(candidate.source, "<candidate>", "exec")
+        except SyntaxError as exc:
+            raise CandidateBuildError(f"candidate line {exc.lineno}: syntax error: {exc.msg}") from None
+        exec(code, namespace)
+        cls = namespace.get("ModelNew")
+        if not isinstance(cls, type) or not issubclass(cls, nn.Module):
+            raise CandidateBuildError("candidate defines no ModelNew(nn.Module) class")
+        torch.manual_seed(seed)
+        return cls(*self.make_init_inputs())
+
+    # -- analysis ---------------------------------------------------------------------------------
+
+    def analysis(self) -> Analysis:
+        """Run the reference once (seed 0): shapes, dtypes, bytes moved and FLOPs (cached)."""
+        if self._analysis is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            inputs = self.make_inputs(0)
+            model = self.make_reference()
+            try:
+                with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                    outputs = as_tensor_list(model(*inputs))
+            except Exception as exc:
+                raise ProblemError(f"{self.path}: the reference failed: {type(exc).__name__}: {exc}") from None
+            tensors_in = [t for t in inputs if isinstance(t, torch.Tensor)]
+            tensors_out = [t for t in outputs if isinstance(t, torch.Tensor)]
+            self._analysis = Analysis(
+                input_shapes=[list(t.shape) for t in tensors_in],
+                input_dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors_in],
+                output_shapes=[list(t.shape) for t in tensors_out],
+                output_dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors_out],
+                bytes_moved=sum(t.numel() * t.element_size() for t in tensors_in + tensors_out),
+                flops=float(counter.get_total_flops()),
+            )
+        return self._analysis
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes of all inputs and outputs: the least any kernel must move."""
+        return self.analysis().bytes_moved
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of the reference by torch's FLOP counter (0 where it counts none, e.g. elementwise)."""
+        return self.analysis().flops
+
+    def summary(self) -> ProblemSummary:
+        """What a generator needs to know about this problem."""
+        a = self.analysis()
+        return ProblemSummary(
+            name=self.name,
+            format=self.format,
+            reference_source=self.native.reference_source if self.native is not None else self.source,
+            shapes=dict(self.shapes),
+            input_shapes=a.input_shapes,
+            input_dtypes=a.input_dtypes,
+            output_shapes=a.output_shapes,
+            bytes_moved=a.bytes_moved,
+            flops=a.flops,
+            path=str(self.path),
+        )
+
+
+def _module_constants(module: types.ModuleType) -> dict[str, int | float]:
+    return {
+        k: v
+        for k, v in vars(module).items()
+        if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def _load_kernelbench(path: Path, shapes: dict[str, int | float]) -> Problem:
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProblemError(f"cannot read problem {path}: {exc}") from None
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise ProblemError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    module = types.ModuleType(f"kf_problem_{path.stem}")
+    module.__file__ = str(path)
+    try:
+        exec(code, module.__dict__)
+    except Exception as exc:
+        raise ProblemError(f"{path}: error while loading: {type(exc).__name__}: {exc}") from None
+    model = getattr(module, "Model", None)
+    if not (isinstance(model, type) and issubclass(model, nn.Module)):
+        raise ProblemError(f"{path}: no Model class (an nn.Module) defined")
+    if not callable(getattr(module, "get_inputs", None)):
+        raise ProblemError(f"{path}: no get_inputs() function defined")
+    constants = _module_constants(module)
+    for name, value in shapes.items():
+        if name not in constants:
+            known = ", ".join(sorted(constants)) or "none"
+            raise ProblemError(f"{path}: unknown shape constant {name!r} (known: {known})")
+        cast = type(constants[name])
+        setattr(module, name, cast(value) if cast is int and float(value).is_integer() else value)
+    return Problem(
+        name=path.stem,
+        path=path,
+        format="kernelbench",
+        source=source,
+        shapes=_module_constants(module),
+        module=module,
+    )
+
+
+def load_problem(path: str | Path, shapes: dict[str, int | float] | None = None) -> Problem:
+    """Load a KernelBench ``.py`` problem or a native ``.toml`` task, with shape overrides.
+
+    Raises :class:`ProblemError` (one line) for a missing file, a syntax error, no ``Model``,
+    no ``get_inputs``, an unknown shape constant or a malformed native task.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ProblemError(f"problem file not found: {p}")
+    if p.suffix == ".toml":
+        from kfoundry.core.native_task import load_native_task
+
+        task = load_native_task(p, shapes or {})
+        return Problem(
+            name=task.spec.name or p.stem,
+            path=p,
+            format="native",
+            source=task.kernel_source,
+            shapes=dict(task.sizes),
+            native=task,
+        )
+    if p.suffix != ".py":
+        raise ProblemError(f"{p}: a problem is a KernelBench .py file or a native task .toml file")
+    return _load_kernelbench(p, dict(shapes or {}))
+
+
+def parse_shape_overrides(items: list[str] | tuple[str, ...]) -> dict[str, int | float]:
+    """``["batch_size=8", "eps=1e-5"]`` -> ``{"batch_size": 8, "eps": 1e-05}``."""
+    out: dict[str, int | float] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise ProblemError(f"--shape {item!r}: expected NAME=VALUE")
+        try:
+            out[name.strip()] = int(raw)
+        except ValueError:
+            try:
+                out[name.strip()] = float(raw)
+            except ValueError:
+                raise ProblemError(f"--shape {item!r}: value is not a number") from None
+    return out
