@@ -426,3 +426,25 @@ def build_ensemble(
     if attach:
         ensemble.attach(manager)
     return ensemble
+
+
+def replay_config(
+    config: RunConfig, recording: str | Path, manager: PluginManager | None = None
+) -> RunConfig:
+    """``config`` with every language-model member replaced by a ``replay`` of its recorded calls."""
+    manager = manager or get_plugin_manager()
+    llms = []
+    for choice, name in zip(config.llms, _member_names(config), strict=True):
+        factory = manager.get("llm", choice.name).factory
+        if isinstance(factory, type) and issubclass(factory, LLMProvider) and choice.name != "replay":
+            llms.append(
+                {
+                    "name": "replay",
+                    "model": choice.model,
+                    "weight": choice.weight,
+                    "options": {"recording": str(recording), "member": name},
+                }
+            )
+        else:
+            llms.append(choice.model_dump())
+    return config.model_copy(update={"llms": [type(config.llms[0]).model_validate(x) for x in llms]})
