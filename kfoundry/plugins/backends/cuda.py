@@ -131,7 +131,10 @@ class CudaBackend(Backend):
         defines: dict[str, ParamValue] | None = None,
         build_options: list[str] | None = None,
     ) -> KernelModule:
-        result = self.compile(source, defines=defines, build_options=build_options)
+        return self.load_compiled(self.compile(source, defines=defines, build_options=build_options))
+
+    def load_compiled(self, result: CompileResult) -> KernelModule:
+        """Load a compiled program (e.g. compiled in another process) on the selected device."""
         resources: dict[str, Any] = {name: dict(report) for name, report in result.resources.items()}
         for report in resources.values():
             report["arch"] = result.arch

@@ -20,6 +20,7 @@ from typing import Literal
 from kfoundry.core.backend import CompileFailed
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.models import ParamValue
+from kfoundry.plugins.backends.cuda_headers import HEADERS, PRELUDE_NAME
 
 Compiler = Literal["auto", "nvrtc", "nvcc"]
 
@@ -107,6 +108,8 @@ def cuda_include_dirs() -> list[str]:
         inc = Path(root) / "include" if root else None
         if inc and (inc / "cuda_runtime.h").is_file() and str(inc) not in found:
             found.append(str(inc))
+            if (inc / "cccl").is_dir():  # CUDA 13 keeps cuda/std, cub and thrust here
+                found.append(str(inc / "cccl"))
     return found
 
 
@@ -147,10 +150,13 @@ def compile_nvrtc(source: str, arch: str, options: list[str]) -> CompileResult:
     from cuda.bindings import nvrtc
 
     started = time.perf_counter()
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"candidate.cu", 0, [], [])
+    names = list(HEADERS)
+    err, prog = nvrtc.nvrtcCreateProgram(
+        source.encode(), b"candidate.cu", len(names), [HEADERS[n].encode() for n in names], [n.encode() for n in names]
+    )
     _nvrtc_check(err, "create program")
     try:
-        flags = [f"--gpu-architecture={arch}", "--std=c++17", "-Xptxas=-v"]
+        flags = [f"--gpu-architecture={arch}", "--std=c++17", "-Xptxas=-v", f"--pre-include={PRELUDE_NAME}"]
         flags += [f"-I{inc}" for inc in cuda_include_dirs()] + options
         encoded = [f.encode() for f in flags]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
