@@ -160,9 +160,10 @@ def run_sandboxed(job: EvalJob) -> JobResult:
     log_path, result_path = os.path.join(workdir, "log"), os.path.join(workdir, "result.json")
     Path(log_path).touch()
     timeout = job.evaluation.timeout_s
-    waiter = _server.submit(
-        {"job": job.model_dump_json(), "log": log_path, "result": result_path, "memory_mb": job.evaluation.memory_limit_mb}
-    )
+    # The CUDA driver reserves far more virtual address space than it uses (unified addressing):
+    # an address-space limit makes context creation fail, so CUDA jobs run without one.
+    memory_mb = None if job.backend == "cuda" else job.evaluation.memory_limit_mb
+    waiter = _server.submit({"job": job.model_dump_json(), "log": log_path, "result": result_path, "memory_mb": memory_mb})
     try:
         waiter.started.wait(START_TIMEOUT_S)
         begun = time.monotonic()

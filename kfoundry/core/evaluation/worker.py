@@ -62,6 +62,12 @@ def _clone(values: list[Any]) -> list[Any]:
     return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def _to_device(values: list[Any], backend: Backend) -> list[Any]:
+    """Tensors moved to the backend's torch device (CUDA kernels take GPU tensors; CPU backends: no-op)."""
+    device = backend.torch_device
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
 def _nbytes(values: list[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
@@ -81,7 +87,7 @@ def _device_lock(path: str | None) -> Iterator[None]:
 
 def _time(model: Any, problem: Problem, job: EvalJob, backend: Backend, guard: ForwardGuard | None) -> Any:
     ev = job.evaluation
-    base = problem.make_inputs(job.seeds[0] if job.seeds else 1)
+    base = _to_device(problem.make_inputs(job.seeds[0] if job.seeds else 1), backend)
     size = max(1, _nbytes(base))
     copies = max(1, min(MAX_ROTATION, -(-ev.rotate_bytes // size)))
     rotation = [base] + [_clone(base) for _ in range(copies - 1)]
@@ -101,7 +107,7 @@ def _time(model: Any, problem: Problem, job: EvalJob, backend: Backend, guard: F
 
 
 def _reference_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult:
-    model = problem.make_reference()
+    model = problem.make_reference().to(backend.torch_device)
     timing = _time(model, problem, job, backend, None)
     return JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
 
@@ -113,7 +119,7 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
     backend.load = recorder  # type: ignore[method-assign]
     start = _clock_ns()
     try:
-        model = problem.build_candidate(job.candidate, runtime.load, seed=0)
+        model = problem.build_candidate(job.candidate, runtime.load, seed=0).to(backend.torch_device)
     except CompileFailed as exc:
         return JobResult(outcome=Outcome.compile_error, message=str(exc), log=exc.log)
     except CandidateBuildError as exc:
@@ -125,11 +131,11 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
     resources: dict[str, Any] = {}
     for m in recorder.modules:
         resources.update(m.resources)
-    reference = problem.make_reference()
+    reference = problem.make_reference().to(backend.torch_device)
     outs_per_trial: list[list[Any]] = []
     refs_per_trial: list[list[Any]] = []
     for trial, seed in enumerate(job.seeds):
-        inputs = problem.make_inputs(seed)
+        inputs = _to_device(problem.make_inputs(seed), backend)
         with torch.no_grad():
             refs = as_tensor_list(reference(*_clone(inputs)))
         snapshots = _clone(inputs)
