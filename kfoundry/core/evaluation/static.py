@@ -18,6 +18,9 @@ ALLOWED_IMPORTS = {
     "__future__", "dataclasses", "functools", "itertools", "collections", "textwrap",
 }
 
+#: Further imports a CUDA candidate may use: KernelBench-style ``load_inline`` extensions.
+CUDA_IMPORTS = {"torch.utils.cpp_extension"}
+
 BANNED_NAMES = {
     "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
     "open", "breakpoint", "__builtins__", "input", "memoryview",
@@ -49,7 +52,7 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def _imports(tree: ast.AST) -> list[str]:
+def _imports(tree: ast.AST, allowed: set[str] = ALLOWED_IMPORTS) -> list[str]:
     reasons: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -59,11 +62,11 @@ def _imports(tree: ast.AST) -> list[str]:
             if node.level:
                 reasons.append(f"line {node.lineno}: relative import")
                 continue
-            names = [mod] if mod in ALLOWED_IMPORTS else [f"{mod}.{a.name}" for a in node.names]
+            names = [mod] if mod in allowed else [f"{mod}.{a.name}" for a in node.names]
         else:
             continue
         for name in names:
-            if name not in ALLOWED_IMPORTS:
+            if name not in allowed:
                 reasons.append(f"line {node.lineno}: import of {name} is not allowed in a candidate")
     return reasons
 
@@ -135,4 +138,5 @@ def check_source(candidate: Candidate) -> list[str]:
         tree = ast.parse(candidate.source)
     except SyntaxError:
         return []
-    return _imports(tree) + _names(tree) + _model_new(tree)
+    allowed = ALLOWED_IMPORTS | CUDA_IMPORTS if candidate.language == "cuda" else ALLOWED_IMPORTS
+    return _imports(tree, allowed) + _names(tree) + _model_new(tree)
