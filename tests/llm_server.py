@@ -105,7 +105,9 @@ class LLMServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -158,7 +160,12 @@ class LLMServer:
                     return
                 with server._lock:
                     server.requests.append(
-                        {"api": api, "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+                        {
+                            "api": api,
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                        }
                     )
                 if server.key is not None and not self._authorised(server.key):
                     self._error(api, Status(401, "invalid api key"))
@@ -265,20 +272,21 @@ __kernel void vadd(__global const float* a, __global const float* b, __global fl
     }}
 }}
 """
-PARAMS = {{"BLOCK": {block}, "WORK": {work}}}
+TUNABLE = {{"BLOCK": [32, 64, 128, 256], "WORK": [1, 2, 4, 8]}}
+BLOCK = PARAMS.get("BLOCK", {block})
+WORK = PARAMS.get("WORK", {work})
 
 
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
-        self.mod = load(SRC, defines=PARAMS)
+        self.mod = load(SRC, defines={{"BLOCK": BLOCK, "WORK": WORK}})
 
     def forward(self, a, b):
         a, b = a.contiguous(), b.contiguous()
         c = torch.empty_like(a)
         n = a.numel()
-        per_group = PARAMS["BLOCK"] * PARAMS["WORK"]
-        self.mod.vadd(a, b, c, n, grid=(cdiv(n, per_group), 1, 1), block=(PARAMS["BLOCK"], 1, 1))
+        self.mod.vadd(a, b, c, n, grid=(cdiv(n, BLOCK * WORK), 1, 1), block=(BLOCK, 1, 1))
         return c
 '''
 

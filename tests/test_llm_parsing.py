@@ -15,6 +15,7 @@ def test_full_block_yields_source_params_and_rationale() -> None:
     parsed = parse_reply(fenced(vecadd(128, 4), plan="Use four elements per work-item."), "kernelbench")
     assert parsed.via == "block"
     assert parsed.source == vecadd(128, 4)
+    assert parsed.space is not None and parsed.space.params["WORK"] == [1, 2, 4, 8]
     assert parsed.params == {"BLOCK": 128, "WORK": 4}
     assert "four elements" in parsed.rationale
 
@@ -25,11 +26,33 @@ def test_last_modelnew_block_wins_over_other_blocks() -> None:
 
 
 def test_diff_applies_exactly() -> None:
-    reply = 'Bigger groups.\n<<<<<<< SEARCH\nPARAMS = {"BLOCK": 64, "WORK": 1}\n=======\nPARAMS = {"BLOCK": 256, "WORK": 8}\n>>>>>>> REPLACE\n'
+    reply = 'Bigger groups.\n<<<<<<< SEARCH\nBLOCK = PARAMS.get("BLOCK", 64)\n=======\nBLOCK = PARAMS.get("BLOCK", 256)\n>>>>>>> REPLACE\n'
     parsed = parse_reply(reply, "kernelbench", PARENT)
     assert parsed.via == "diff" and parsed.diffs_applied == 1
-    assert parsed.params == {"BLOCK": 256, "WORK": 8}
-    assert parsed.source == PARENT.replace('"BLOCK": 64, "WORK": 1', '"BLOCK": 256, "WORK": 8')
+    assert parsed.params == {"BLOCK": 256, "WORK": 1}
+    assert parsed.source == PARENT.replace('PARAMS.get("BLOCK", 64)', 'PARAMS.get("BLOCK", 256)')
+
+
+def test_tunable_space_and_restrictions_are_read() -> None:
+    parsed = parse_reply(
+        fenced(vecadd(64, 2).replace("\nBLOCK =", '\nRESTRICTIONS = ["BLOCK * WORK <= 1024"]\nBLOCK =')),
+        "kernelbench",
+    )
+    assert parsed.space is not None
+    assert parsed.space.params == {"BLOCK": [32, 64, 128, 256], "WORK": [1, 2, 4, 8]}
+    assert parsed.space.restrictions == ["BLOCK * WORK <= 1024"]
+
+
+def test_literal_params_line_yields_to_the_harness() -> None:
+    src = "import torch.nn as nn\nPARAMS = {'B': 4}\nclass ModelNew(nn.Module):\n    pass\n"
+    parsed = parse_reply(fenced(src), "kernelbench")
+    assert parsed.params == {"B": 4}
+    ns: dict = {"PARAMS": {"B": 16}}
+    exec(parsed.source, ns)
+    assert ns["PARAMS"] == {"B": 16}  # the tuner's value wins
+    ns = {}
+    exec(parsed.source, ns)
+    assert ns["PARAMS"] == {"B": 4}  # outside the harness the default holds
 
 
 def test_diff_tolerates_indentation_spacing_and_blank_lines() -> None:
@@ -87,13 +110,20 @@ def test_apply_diff_replaces_only_first_occurrence_and_keeps_rest() -> None:
 
 
 def test_extract_params_ignores_non_literals() -> None:
-    assert extract_params("PARAMS = dict(BLOCK=4)\n") == {}
-    assert extract_params("PARAMS = {'B': 4, 'F': 1.5, 'S': 'x', 'T': True}\n") == {"B": 4, "F": 1.5, "S": "x", "T": True}
+    assert extract_params("PARAMS = dict(BLOCK=4)\nX = PARAMS.get(name, 3)\n") == {}
+    assert extract_params("PARAMS = {'B': 4, 'F': 1.5, 'S': 'x', 'T': True}\n") == {
+        "B": 4,
+        "F": 1.5,
+        "S": "x",
+        "T": True,
+    }
 
 
 def test_novelty_ignores_whitespace_and_comments_but_not_code() -> None:
     a = vecadd(64, 1)
-    b = a.replace("    int i = get_global_id(0) * WORK;", "  int i = get_global_id(0)*WORK; // index\n  /* c */")
+    b = a.replace(
+        "    int i = get_global_id(0) * WORK;", "  int i = get_global_id(0)*WORK; // index\n  /* c */"
+    )
     b = b.replace("import torch\n", "import torch  # torch\n\n")
     assert normalise_source(a) == normalise_source(b)
     assert fingerprint(a) != fingerprint(vecadd(64, 2))

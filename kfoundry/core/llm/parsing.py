@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kfoundry.core.models import ParamValue
+from kfoundry.core.models import ParamValue, TunableSpace
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE)
 _DIFF = re.compile(
@@ -34,6 +34,7 @@ class ParsedReply:
     via: Literal["block", "diff"]
     rationale: str = ""
     params: dict[str, ParamValue] = field(default_factory=dict)
+    space: TunableSpace | None = None
     diffs_applied: int = 0
 
 
@@ -88,25 +89,81 @@ def _reindent(search: str, replace: str, matched_first: str) -> list[str]:
     return [x[cut:] if x[:cut].strip() == "" else x.lstrip() for x in lines]
 
 
+def _literal(node: ast.AST) -> object:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+
+
+def _scalar(v: object) -> bool:
+    return isinstance(v, int | float | str | bool)
+
+
 def extract_params(source: str) -> dict[str, ParamValue]:
-    """The literal ``PARAMS = {...}`` dict of a Python candidate (template parameter values), if any."""
+    """Template parameter values a Python candidate declares: the defaults of its
+    ``PARAMS.get("NAME", default)`` reads, and any literal ``PARAMS = {...}`` dict."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return {}
+    params: dict[str, ParamValue] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "PARAMS"
+            and len(node.args) == 2
+        ):
+            name, default = _literal(node.args[0]), _literal(node.args[1])
+            if isinstance(name, str) and _scalar(default):
+                params.setdefault(name, default)  # type: ignore[arg-type]
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "PARAMS" for t in node.targets
         ):
-            try:
-                value = ast.literal_eval(node.value)
-            except (ValueError, SyntaxError):
-                return {}
-            if isinstance(value, dict) and all(
-                isinstance(k, str) and isinstance(v, int | float | str | bool) for k, v in value.items()
-            ):
-                return dict(value)
-    return {}
+            expr = node.value
+            if isinstance(expr, ast.Dict) and expr.keys and expr.keys[0] is None:  # {**{...}, **harness}
+                expr = expr.values[0]
+            value = _literal(expr)
+            if isinstance(value, dict) and all(isinstance(k, str) and _scalar(v) for k, v in value.items()):
+                params.update(value)
+    return params
+
+
+def extract_space(source: str) -> TunableSpace | None:
+    """The ``TUNABLE = {"NAME": [values...]}`` (and ``RESTRICTIONS = [...]``) a candidate declares."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id in ("TUNABLE", "TUNABLES", "RESTRICTIONS"):
+                    found[t.id] = _literal(node.value)
+    table = found.get("TUNABLE", found.get("TUNABLES"))
+    if not isinstance(table, dict) or not table:
+        return None
+    params = {
+        k: list(v)
+        for k, v in table.items()
+        if isinstance(k, str) and isinstance(v, list | tuple) and v and all(_scalar(x) for x in v)
+    }
+    restrictions = found.get("RESTRICTIONS")
+    rules = [r for r in restrictions if isinstance(r, str)] if isinstance(restrictions, list | tuple) else []
+    return TunableSpace(params=params, restrictions=rules) if params else None
+
+
+_PARAMS_LITERAL = re.compile(r"^PARAMS\s*=\s*(\{[^\n]*\})[ \t]*$", re.MULTILINE)
+
+
+def harness_params(source: str) -> str:
+    """Let the harness's ``PARAMS`` win over a literal ``PARAMS = {...}`` line (so tuning takes effect)."""
+    return _PARAMS_LITERAL.sub(r'PARAMS = {**\1, **globals().get("PARAMS", {})}', source, count=1)
 
 
 def _rationale(text: str) -> str:
@@ -142,8 +199,12 @@ def parse_reply(
             except ParseFailure as exc:
                 raise ParseFailure(f"diff {i} of {len(diffs)}: {exc}") from None
         if kind == "kernelbench":
+            source = harness_params(source)
             _check_python(source)
-        return ParsedReply(source, "diff", _rationale(text), extract_params(source), len(diffs))
+            return ParsedReply(
+                source, "diff", _rationale(text), extract_params(source), extract_space(source), len(diffs)
+            )
+        return ParsedReply(source, "diff", _rationale(text), diffs_applied=len(diffs))
     blocks = code_blocks(text)
     if not blocks:
         if text.count("```") % 2 == 1:
@@ -153,9 +214,8 @@ def parse_reply(
         chosen = [body for _, body in blocks if "class ModelNew" in body]
         if not chosen:
             raise ParseFailure("no code block defines `class ModelNew`")
-        source = chosen[-1]
+        source = harness_params(chosen[-1].rstrip() + "\n")
         _check_python(source)
-    else:
-        chosen = [body for lang, body in blocks if lang in _KERNEL_LANGS] or [b for _, b in blocks]
-        source = max(chosen, key=len)
-    return ParsedReply(source.rstrip() + "\n", "block", _rationale(text), extract_params(source))
+        return ParsedReply(source, "block", _rationale(text), extract_params(source), extract_space(source))
+    chosen = [body for lang, body in blocks if lang in _KERNEL_LANGS] or [b for _, b in blocks]
+    return ParsedReply(max(chosen, key=len).rstrip() + "\n", "block", _rationale(text))

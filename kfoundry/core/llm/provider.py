@@ -285,11 +285,13 @@ class LLMProvider(Generator):
             return Proposal(parse_error=str(exc), **common)
         self._feedback = ""
         params = parsed.params or (dict(parent.params) if parent and parsed.via == "diff" else {})
+        space = parsed.space or (parent.space if parent and parsed.via == "diff" else None)
         candidate = Candidate(
             source=parsed.source,
             language=request.language,
             kind=request.problem.format,
             params=params,
+            space=space,
             parent_id=parent.content_hash if parent else None,
             generator=self.name,
             prompt_id=request.prompt_id,
