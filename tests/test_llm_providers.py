@@ -203,3 +203,13 @@ def test_key_never_reaches_store_recording_or_errors(server: LLMServer, tmp_path
     # ... and appears nowhere we wrote, not even where a hostile server echoed it
     for f in tmp_path.iterdir():
         assert KEY.encode() not in f.read_bytes(), f.name
+
+
+def test_local_server_without_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with LLMServer() as srv:
+        srv.openai.push(Reply(fenced(vecadd())))
+        p = OpenAIProvider(OpenAIOptions(base_url=srv.openai_url, api_key_env="", timeout=2.0))
+        [prop] = p.propose(request())
+        assert prop.candidate is not None
+        assert srv.calls("openai")[0]["body"]["max_tokens"] == 8192  # local servers get max_tokens

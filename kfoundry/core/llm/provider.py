@@ -42,7 +42,7 @@ class ProviderOptions(BaseModel):
         default=None, description="API base URL (an OpenAI-compatible server's ends in /v1)."
     )
     api_key_env: str | None = Field(
-        default=None, description="Environment variable holding the API key (None: the provider's default)."
+        default=None, description="Environment variable holding the API key (None: the provider's default; '': no key)."
     )
     temperature: float | None = Field(
         default=0.7, ge=0, le=2, description="Sampling temperature (None: server default)."
@@ -131,8 +131,8 @@ class LLMProvider(Generator):
 
     def api_key(self) -> str:
         """The key from the environment variable the options name (never logged or stored)."""
-        var = self.options.api_key_env or self.default_key_env
-        if not var:
+        var = self.default_key_env if self.options.api_key_env is None else self.options.api_key_env
+        if not var:  # "" : a local server that wants no key
             return "not-needed"
         value = os.environ.get(var)
         if not value:
