@@ -14,6 +14,7 @@ from kfoundry.core.config import RunConfig
 from kfoundry.core.ensemble import Ensemble, borda, build_ensemble
 from kfoundry.core.generator import Attempt, GenerationRequest, ProblemSummary
 from kfoundry.core.llm.cost import LLMBudgetExhausted
+from kfoundry.core.llm.recording import load_recording
 from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome
 from kfoundry.core.plugins import PluginManager
 from kfoundry.core.store import Store
@@ -145,6 +146,9 @@ def test_caps_stop_exactly_and_are_shared_by_members(
     assert ens.ledger.total.tokens <= 12000
     assert made == ens.ledger.total.calls == len(server.requests) == 3
     assert ens.exhausted
+    # the refused call is recorded (never sent) with the prompt estimate that no longer fit
+    [refused] = [c for c in load_recording(tmp_path) if c.error_kind == "budget"]
+    assert refused.attempts == 0 and refused.max_tokens + 16 > 12000 - ens.ledger.total.tokens
 
 
 def test_meta_prompting_rewrites_a_section_that_later_prompts_use(

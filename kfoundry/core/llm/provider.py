@@ -42,7 +42,8 @@ class ProviderOptions(BaseModel):
         default=None, description="API base URL (an OpenAI-compatible server's ends in /v1)."
     )
     api_key_env: str | None = Field(
-        default=None, description="Environment variable holding the API key (None: the provider's default; '': no key)."
+        default=None,
+        description="Environment variable holding the API key (None: the provider's default; '': no key).",
     )
     temperature: float | None = Field(
         default=0.7, ge=0, le=2, description="Sampling temperature (None: server default)."
@@ -180,7 +181,30 @@ class LLMProvider(Generator):
         :class:`LLMError` on a permanent failure.
         """
         limit = min(max_tokens or self.options.max_tokens, self.options.max_tokens)
-        reservation = self.ledger.reserve(estimate_tokens(prompt.text), limit, self.price)
+        estimate = estimate_tokens(prompt.text)
+        try:
+            reservation = self.ledger.reserve(estimate, limit, self.price)
+        except LLMBudgetExhausted as exc:  # recorded (nothing sent) so the store shows where the cap cut
+            self._record(
+                CallRecord(
+                    member=self.name,
+                    provider=self.provider,
+                    model=self.model,
+                    kind=kind,
+                    request_key=key,
+                    prompt_hash=stable_hash(prompt.system, prompt.user),
+                    system=prompt.system,
+                    prompt=prompt.user,
+                    generation=generation,
+                    attempts=0,
+                    error=str(exc),
+                    error_kind="budget",
+                    max_tokens=estimate,
+                    price_in=self.price.input_per_mtok,
+                    price_out=self.price.output_per_mtok,
+                )
+            )
+            raise
         occurrence = self.recorder.occurrence(self.name, key) if self.recorder else 0
         start = time.perf_counter()
         record = CallRecord(

@@ -66,8 +66,9 @@ class CallRecord(BaseModel):
     latency_s: float = 0.0
     attempts: int = 1
     error: str | None = None
-    #: ``transient`` (retries ran out), ``refused`` (this request only) or ``fatal`` (stops the run).
-    error_kind: Literal["transient", "refused", "fatal"] | None = None
+    #: ``transient`` (retries ran out), ``refused`` (this request only), ``fatal`` (stops the run) or
+    #: ``budget`` (never sent: the caps leave no room; ``max_tokens`` then holds the prompt estimate).
+    error_kind: Literal["transient", "refused", "fatal", "budget"] | None = None
     generation: int | None = None
     max_tokens: int = 0
     price_in: float = 0.0

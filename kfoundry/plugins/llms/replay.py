@@ -59,7 +59,9 @@ class ReplayProvider(LLMProvider):
                 f"replay: choose options.member among the recorded members ({', '.join(members) or 'none'})"
             )
         self.name = member
-        mine = [c for c in calls if c.member == member]
+        mine = [c for c in calls if c.member == member and c.error_kind != "budget"]
+        if not mine:
+            raise KfError(f"replay: the recording holds no call of {member} that was sent")
         self.model = mine[0].model
         self._price = Price(input_per_mtok=mine[0].price_in, output_per_mtok=mine[0].price_out)
         self._max_tokens = max(c.max_tokens for c in mine) or options.max_tokens
