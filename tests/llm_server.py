@@ -332,3 +332,42 @@ def script_responder(
         return Reply(text)
 
     return respond
+
+
+def evolving_responder(flavour: int, meta_text: str = "Prefer contiguous per-work-item loops.") -> Responder:
+    """Plays a model through a whole run: full kernels when creating (every fifth reply is garbage,
+    every seventh a wrong kernel), a SEARCH/REPLACE diff on the parent's ``WORK`` when improving or
+    repairing, a ranking that prefers later candidates, and a section rewrite for meta prompts."""
+    import re as _re
+
+    state = {"i": 0}
+    lock = threading.Lock()
+
+    def respond(body: dict[str, Any]) -> Action:
+        kind = kind_of(body)
+        text = prompt_text(body)
+        if kind == "rank":
+            n = text.count("\n## Candidate ")
+            return Reply(
+                "Later candidates do more work per item.\nRANKING: "
+                + " > ".join(str(i) for i in range(n, 0, -1))
+            )
+        if kind == "meta":
+            return Reply(f"Shorter.\n```text\n{meta_text}\n```")
+        with lock:
+            state["i"] += 1
+            i = state["i"]
+        parent = _re.search(r'WORK = PARAMS\.get\("WORK", (\d+)\)', text.split("## Parent kernel", 1)[-1])
+        if "## Parent kernel" in text and parent:
+            work = int(parent.group(1))
+            new = work * 2 if work < 64 else work + flavour + i
+            return Reply(
+                f'Double the work per item.\n<<<<<<< SEARCH\n    WORK = PARAMS.get("WORK", {work})\n=======\n'
+                f'WORK = PARAMS.get("WORK", {new})\n>>>>>>> REPLACE\n'
+            )
+        if i % 5 == 0:
+            return Reply("I would tile it, but here is only prose.")
+        block = [16, 32, 64, 128][(i + flavour) % 4]
+        return Reply(fenced(vecadd(block, 1 + flavour + i, wrong=(i % 7 == 0))))
+
+    return respond

@@ -105,8 +105,12 @@ def test_native_kind_takes_the_kernel_block() -> None:
     assert parse_reply(text, "native").source.startswith("__kernel void k")
 
 
-def test_apply_diff_replaces_only_first_occurrence_and_keeps_rest() -> None:
-    assert apply_diff("a\nb\na\n", "a\n", "z\n") == "z\nb\na\n"
+def test_ambiguous_search_is_refused_and_more_context_resolves_it() -> None:
+    with pytest.raises(ParseFailure, match="matches 2 places"):
+        apply_diff("a\nb\na\nc\n", "a\n", "z\n")
+    with pytest.raises(ParseFailure, match="matches 2 places"):
+        apply_diff("  x = 1\ny\nx  =  1\n", "x = 1", "z")
+    assert apply_diff("a\nb\na\nc\n", "a\nc\n", "z\n") == "a\nb\nz\n"
 
 
 def test_extract_params_ignores_non_literals() -> None:

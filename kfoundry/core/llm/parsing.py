@@ -57,22 +57,32 @@ def _indent(line: str) -> str:
 
 
 def apply_diff(source: str, search: str, replace: str) -> str:
-    """Replace the first occurrence of ``search`` in ``source``, tolerant of whitespace differences."""
+    """Replace the one place in ``source`` that ``search`` matches, tolerant of whitespace differences.
+
+    A SEARCH text that matches nowhere, or in more than one place, is a :class:`ParseFailure`.
+    """
     if not search.strip():
         raise ParseFailure("a SEARCH block is empty")
-    if search in source:
+    exact = source.count(search)
+    if exact == 1:
         return source.replace(search, replace, 1)
     src_lines = source.split("\n")
     want = [_norm(x) for x in search.split("\n") if x.strip()]
     body = [(i, _norm(x)) for i, x in enumerate(src_lines) if x.strip()]
-    for start in range(len(body) - len(want) + 1):
-        if all(body[start + k][1] == want[k] for k in range(len(want))):
-            first, last = body[start][0], body[start + len(want) - 1][0]
-            return "\n".join(
-                src_lines[:first] + _reindent(search, replace, src_lines[first]) + src_lines[last + 1 :]
-            )
+    starts = [
+        s
+        for s in range(len(body) - len(want) + 1)
+        if all(body[s + k][1] == want[k] for k in range(len(want)))
+    ]
     head = want[0][:60]
-    raise ParseFailure(f"SEARCH block not found in the parent (first line: {head!r})")
+    if len(starts) > 1 or exact > 1:
+        raise ParseFailure(
+            f"SEARCH block matches {max(len(starts), exact)} places (first line: {head!r}); quote more lines"
+        )
+    if not starts:
+        raise ParseFailure(f"SEARCH block not found in the parent (first line: {head!r})")
+    first, last = body[starts[0]][0], body[starts[0] + len(want) - 1][0]
+    return "\n".join(src_lines[:first] + _reindent(search, replace, src_lines[first]) + src_lines[last + 1 :])
 
 
 def _reindent(search: str, replace: str, matched_first: str) -> list[str]:
