@@ -66,7 +66,7 @@ class PatternDescriptors(DescriptorExtractor):
         }
 
     def extract(self, source: str) -> dict[str, int]:
-        code = strip_comments(source)
+        code = strip_comments(kernel_text(source))
         out: dict[str, int] = {}
         for axis in self.axes:
             score = [0.0] * self.levels
@@ -75,6 +75,19 @@ class PatternDescriptors(DescriptorExtractor):
                     score[level] += weight
             out[axis] = max((lv for lv in range(self.levels) if score[lv] >= 1.0), default=0)
         return out
+
+
+_PY_STRINGS = re.compile(r'r?"""(.*?)"""|r?\'\'\'(.*?)\'\'\'', re.DOTALL)
+_KERNEL_MARKERS = ("__kernel", "__global__", "__device__", "kernel void")
+
+
+def kernel_text(source: str) -> str:
+    """The kernel code inside a Python candidate (its triple-quoted strings holding kernels), else ``source``."""
+    if "ModelNew" not in source:
+        return source
+    blocks = [a or b for a, b in _PY_STRINGS.findall(source)]
+    kernels = [blk for blk in blocks if any(m in blk for m in _KERNEL_MARKERS)]
+    return "\n".join(kernels) if kernels else source
 
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -89,8 +102,8 @@ def strip_comments(source: str) -> str:
 _COMPUTE = [
     Pattern(1, r"\b(fma|mad|fmaf|__fmaf_rn)\s*\("),
     Pattern(1, r"\bFUSED\b|fused", 0.5),
-    Pattern(2, r"\bonline\b|\bONLINE\b|running_(max|sum)|m_new|rescale", 1.0),
-    Pattern(2, r"\bsingle[_ -]?pass\b|\bwelford\b|\bWelford\b", 1.0),
+    Pattern(2, r"online|ONLINE|running_(max|sum)|m_new|rescale", 1.0),
+    Pattern(2, r"single[_ -]?pass|welford|Welford", 1.0),
     Pattern(3, r"\b(TILE|TS|TILE_[MNK]|BK|BM|BN)\b", 0.5),
     Pattern(3, r"for\s*\([^;]*;[^;]*;\s*\w+\s*\+=\s*(TILE\w*|TS|BK|TK)\s*\)", 1.0),
 ]
@@ -102,6 +115,7 @@ OPENCL_PATTERNS: dict[str, list[Pattern]] = {
         Pattern(1, r"\brestrict\b", 0.25),
         Pattern(2, r"__local\s+\w+\s+\w+\s*\[", 1.0),
         Pattern(3, r"\bacc\s*\[\s*\w+\s*\]|\bacc\w*\s*\[[^\]]+\]\s*\[", 0.6),
+        Pattern(3, r"\bcache\w*\s*\[", 0.6),
         Pattern(3, r"\basync_work_group_copy\b|\bprefetch\s*\(|double[_ ]buffer", 0.6),
         Pattern(3, r"#pragma\s+unroll", 0.4),
     ],
@@ -111,7 +125,7 @@ OPENCL_PATTERNS: dict[str, list[Pattern]] = {
         Pattern(2, r"\bsub_group_\w+\s*\(|\bintel_sub_group\w*", 1.0),
         Pattern(2, r"\bwork_group_reduce_\w+\s*\(", 1.0),
         Pattern(3, r"\bsub_group_\w+\s*\(", 0.5),
-        Pattern(3, r"\bbarrier\s*\(", 0.25),
+        Pattern(3, r"\bbarrier\s*\(", 0.5),
         Pattern(3, r"\batomic_\w+\s*\(|\batom_\w+\s*\(", 0.5),
     ],
 }
@@ -122,6 +136,7 @@ CUDA_PATTERNS: dict[str, list[Pattern]] = {
         Pattern(1, r"__ldg\s*\(|__restrict__", 0.5),
         Pattern(2, r"__shared__\s+\w+\s+\w+\s*\[|extern\s+__shared__", 1.0),
         Pattern(3, r"\bacc\s*\[\s*\w+\s*\]|\bacc\w*\s*\[[^\]]+\]\s*\[", 0.6),
+        Pattern(3, r"\bcache\w*\s*\[", 0.6),
         Pattern(3, r"\bcp\.async\b|__pipeline_memcpy_async|cuda::memcpy_async|double[_ ]buffer", 0.6),
         Pattern(3, r"#pragma\s+unroll", 0.4),
     ],
@@ -130,7 +145,7 @@ CUDA_PATTERNS: dict[str, list[Pattern]] = {
         Pattern(1, r"__syncthreads\s*\(", 1.0),
         Pattern(2, r"__shfl_(xor_|down_|up_)?sync\s*\(|\b__reduce_\w+_sync\b|cooperative_groups", 1.0),
         Pattern(3, r"__shfl_(xor_|down_|up_)?sync\s*\(", 0.5),
-        Pattern(3, r"__syncthreads\s*\(", 0.25),
+        Pattern(3, r"__syncthreads\s*\(", 0.5),
         Pattern(3, r"\batomic(Add|Max|Min|CAS)\s*\(", 0.5),
     ],
 }

@@ -1,0 +1,133 @@
+"""Elementwise-chain recipes: one element per work-item → vector loads → several vectors per work-item.
+
+The whole chain of the reference (read from its fx graph) is fused into one expression, so each
+element is read once and written once whatever the chain's length.
+"""
+
+from __future__ import annotations
+
+from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
+from kfoundry.plugins.llms.offline.recognize import OpSpec
+
+
+def _sig(spec: OpSpec, lang: str) -> str:
+    n = len(spec.input_shapes)
+    if lang == "opencl":
+        ins = ", ".join(f"__global const float* restrict in{k}" for k in range(n))
+        return f"{ins}, __global float* restrict Y, int n"
+    ins = ", ".join(f"const float* __restrict__ in{k}" for k in range(n))
+    return f"{ins}, float* __restrict__ Y, int n"
+
+
+def _forward(spec: OpSpec, grid: str, block: str) -> tuple[str, list[str]]:
+    args = [f"x{k}" for k in range(len(spec.input_shapes))]
+    body = f"""
+        y = torch.empty({list(spec.output_shape)!r}, dtype=x0.dtype, device=x0.device)
+        self.prog.elementwise({", ".join(args)}, y, {spec.numel}, grid={grid}, block={block})
+        return y
+    """
+    return body, args
+
+
+def _loads(spec: OpSpec, index: str) -> str:
+    return " ".join(f"float v{k} = in{k}[{index}];" for k in range(len(spec.input_shapes)))
+
+
+def opencl_recipes(spec: OpSpec) -> list[Recipe]:
+    assert spec.expr is not None
+    expr = spec.expr("opencl")
+    sig = _sig(spec, "opencl")
+    n = spec.numel
+    out: list[Recipe] = []
+    naive = f"""
+__kernel void elementwise({sig}) {{
+    int i = get_global_id(0);
+    if (i >= n) return;
+    {_loads(spec, "i")}
+    Y[i] = {expr};
+}}
+"""
+    body, args = _forward(spec, "(_cdiv(n_, p['BLOCK_X']), 1, 1)".replace("n_", str(n)), "(p['BLOCK_X'], 1, 1)")
+    out.append(Recipe("elementwise/naive", "elementwise", "opencl", naive, body, args,
+                      TunableSpace(params={"BLOCK_X": [16, 64, 256]}), {"BLOCK_X": 64}, rank=0,
+                      description="one element per work-item"))
+    vws = [v for v in (4, 8) if n % v == 0]
+    if not vws:
+        return out
+    vl = " ".join(f"float s{k}[VW]; VSTOREV(VLOADV(c, in{k}), 0, s{k});" for k in range(len(spec.input_shapes)))
+    comp = " ".join(f"float v{k} = s{k}[u];" for k in range(len(spec.input_shapes)))
+    vec = f"""{OPENCL_VECTOR_HELPERS}
+__kernel void elementwise({sig}) {{
+    int c0 = get_global_id(0) * WPT;
+    #pragma unroll
+    for (int w = 0; w < WPT; ++w) {{
+        int c = c0 + w;
+        if (c * VW >= n) return;
+        {vl}
+        float r[VW];
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) {{ {comp} r[u] = {expr}; }}
+        VSTOREV(VLOADV(0, r), c, Y);
+    }}
+}}
+"""
+    body, args = _forward(spec, f"(_cdiv({n} // p['VW'], p['BLOCK_X'] * p['WPT']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
+    out.append(Recipe("elementwise/vector", "elementwise", "opencl", vec, body, args,
+                      TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
+                      {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=1,
+                      description="vector loads and stores, WPT vectors per work-item"))
+    return out
+
+
+def cuda_recipes(spec: OpSpec) -> list[Recipe]:
+    assert spec.expr is not None
+    expr = spec.expr("cuda")
+    sig = _sig(spec, "cuda")
+    n = spec.numel
+    out: list[Recipe] = []
+    naive = f"""
+extern "C" __global__ void elementwise({sig}) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    {_loads(spec, "i")}
+    Y[i] = {expr};
+}}
+"""
+    body, args = _forward(spec, f"(_cdiv({n}, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
+    out.append(Recipe("elementwise/naive", "elementwise", "cuda", naive, body, args,
+                      TunableSpace(params={"BLOCK_X": [64, 128, 256, 512, 1024]}), {"BLOCK_X": 256}, rank=0,
+                      description="one element per thread"))
+    if n % 4:
+        return out
+    nin = len(spec.input_shapes)
+    loads = " ".join(f"float4 q{k} = __ldg(reinterpret_cast<const float4*>(in{k}) + c);" for k in range(nin))
+
+    def lane(comp: str) -> str:
+        vs = " ".join(f"float v{k} = q{k}.{comp};" for k in range(nin))
+        return f"{{ {vs} r.{comp} = {expr}; }}"
+
+    vec = f"""
+extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}) {{
+    // grid-stride loop over float4 vectors: every thread moves 16-byte loads and stores
+    const int nv = n / 4;
+    for (int c = blockIdx.x * BLOCK_X + threadIdx.x; c < nv; c += gridDim.x * BLOCK_X) {{
+        {loads}
+        float4 r;
+        {lane("x")} {lane("y")} {lane("z")} {lane("w")}
+        reinterpret_cast<float4*>(Y)[c] = r;
+    }}
+}}
+"""
+    body, args = _forward(
+        spec, f"(max(1, min(_cdiv({n} // 4, p['BLOCK_X']), p['WAVES'] * 132)), 1, 1)", "(p['BLOCK_X'], 1, 1)"
+    )
+    out.append(Recipe("elementwise/vector_grid_stride", "elementwise", "cuda", vec, body, args,
+                      TunableSpace(params={"BLOCK_X": [128, 256, 512, 1024], "WAVES": [1, 2, 4, 8, 16, 64]}),
+                      {"BLOCK_X": 256, "WAVES": 8}, rank=1,
+                      description="float4 loads/stores, grid-stride loop sized in waves of the SMs"))
+    return out
+
+
+def recipes(spec: OpSpec, language: str) -> list[Recipe]:
+    return opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)

@@ -1,0 +1,581 @@
+"""Matrix multiply (and ``nn.Linear``) recipes: naive → vector loads → local tiling → register blocking.
+
+C = A @ B (+ bias) with an optional elementwise epilogue. For ``nn.Linear`` the weight [N, K] is first
+transposed by a small kernel in the same program, so every recipe reads B as [K, N].
+"""
+
+from __future__ import annotations
+
+from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
+from kfoundry.plugins.llms.offline.recognize import OpSpec
+
+_CL_TRANSPOSE = """
+__kernel void transpose(__global const float* restrict W, __global float* restrict WT, int N, int K) {
+    int k = get_global_id(0);
+    int n = get_global_id(1);
+    if (k < K && n < N) WT[k * N + n] = W[n * K + k];
+}
+"""
+
+_CU_TRANSPOSE = """
+extern "C" __global__ void transpose(const float* __restrict__ W, float* __restrict__ WT, int N, int K) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    int n = blockIdx.y * blockDim.y + threadIdx.y;
+    if (k < K && n < N) WT[k * N + n] = W[n * K + k];
+}
+"""
+
+
+def _epilogue(spec: OpSpec, lang: str) -> str:
+    expr = spec.expr(lang) if spec.expr else "v"
+    bias = "v = v + bias[n];" if spec.bias else ""
+    qual = "static inline" if lang == "opencl" else "__device__ __forceinline__"
+    ptr = "__global const float* restrict bias" if lang == "opencl" else "const float* __restrict__ bias"
+    args = f"float v, int n, {ptr}" if spec.bias else "float v, int n"
+    return f"{qual} float epilogue({args}) {{\n    {bias}\n    return {expr};\n}}\n"
+
+
+def _epi_call(spec: OpSpec, value: str, col: str) -> str:
+    return f"epilogue({value}, {col}, bias)" if spec.bias else f"epilogue({value}, {col})"
+
+
+def _args(spec: OpSpec, lang: str) -> str:
+    if lang == "opencl":
+        b = "__global const float* restrict bias, " if spec.bias else ""
+        return (
+            "__global const float* restrict A, __global const float* restrict B, "
+            f"{b}__global float* restrict C, int M, int N, int K"
+        )
+    b = "const float* __restrict__ bias, " if spec.bias else ""
+    return f"const float* __restrict__ A, const float* __restrict__ B, {b}float* __restrict__ C, int M, int N, int K"
+
+
+def _forward(spec: OpSpec, grid: str, block: str) -> tuple[str, list[str]]:
+    if spec.linear:
+        bias = "self.m0.bias, " if spec.bias else ""
+        body = f"""
+            M, K = x.shape
+            w = self.m0.weight
+            N = w.shape[0]
+            wt = torch.empty((K, N), dtype=x.dtype, device=x.device)
+            self.prog.transpose(w, wt, N, K, grid=(_cdiv(K, 16), _cdiv(N, 16), 1), block=(16, 16, 1))
+            c = torch.empty((M, N), dtype=x.dtype, device=x.device)
+            self.prog.matmul(x, wt, {bias}c, M, N, K, grid={grid}, block={block})
+            return c
+        """
+        return body, ["x"]
+    body = f"""
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        self.prog.matmul(a, b, c, M, N, K, grid={grid}, block={block})
+        return c
+    """
+    return body, ["a", "b"]
+
+
+def _divisors(n: int, options: list[int]) -> list[int]:
+    return [v for v in options if n % v == 0]
+
+
+def opencl_recipes(spec: OpSpec) -> list[Recipe]:
+    out: list[Recipe] = []
+    pre = _epilogue(spec, "opencl") + (_CL_TRANSPOSE if spec.linear else "")
+    args = _args(spec, "opencl")
+    N = spec.N
+
+    naive = f"""{pre}
+__kernel void matmul({args}) {{
+    int n = get_global_id(0);
+    int m = get_global_id(1);
+    if (m >= M || n >= N) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc += A[m * K + k] * B[k * N + n];
+    C[m * N + n] = {_epi_call(spec, "acc", "n")};
+}}
+"""
+    body, fargs = _forward(
+        spec, "(_cdiv(N, p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)", "(p['BLOCK_X'], p['BLOCK_Y'], 1)"
+    )
+    out.append(
+        Recipe(
+            "matmul/naive",
+            "matmul",
+            "opencl",
+            naive,
+            body,
+            fargs,
+            TunableSpace(
+                params={"BLOCK_X": [1, 2, 4, 8, 16, 32], "BLOCK_Y": [1, 2, 4, 8, 16]},
+                restrictions=["BLOCK_X * BLOCK_Y <= 256"],
+            ),
+            {"BLOCK_X": 16, "BLOCK_Y": 16},
+            rank=0,
+            modules=spec.modules,
+            description="one work-item per output, scalar loop",
+        )
+    )
+
+    vws = _divisors(N, [2, 4, 8])
+    store = (
+        "VSTOREV(acc, 0, C + m * N + n0);"
+        if not spec.expr and not spec.bias
+        else "float r[VW];\n    VSTOREV(acc, 0, r);\n    for (int j = 0; j < VW; ++j) "
+        f"C[m * N + n0 + j] = {_epi_call(spec, 'r[j]', 'n0 + j')};"
+    )
+    if vws:
+        vec = f"""{OPENCL_VECTOR_HELPERS}{pre}
+__kernel void matmul({args}) {{
+    int n0 = get_global_id(0) * VW;
+    int m = get_global_id(1);
+    if (m >= M || n0 >= N) return;
+    floatv acc = (floatv)(0.0f);
+    for (int k = 0; k < K; ++k) acc = fma((floatv)(A[m * K + k]), VLOADV(0, B + k * N + n0), acc);
+    {store}
+}}
+"""
+        body, fargs = _forward(
+            spec,
+            "(_cdiv(N // p['VW'], p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+        )
+        out.append(
+            Recipe(
+                "matmul/vector",
+                "matmul",
+                "opencl",
+                vec,
+                body,
+                fargs,
+                TunableSpace(
+                    params={"VW": vws, "BLOCK_X": [1, 2, 4, 8, 16], "BLOCK_Y": [1, 2, 4, 8, 16]},
+                    restrictions=["BLOCK_X * BLOCK_Y <= 256"],
+                ),
+                {"VW": vws[-1], "BLOCK_X": 4, "BLOCK_Y": 4},
+                rank=1,
+                modules=spec.modules,
+                description="vector loads along N, FMA",
+            )
+        )
+
+        store_rows = (
+            "if (m0 + i < M) VSTOREV(acc[i], 0, C + (m0 + i) * N + n0);"
+            if not spec.expr and not spec.bias
+            else "if (m0 + i < M) { float r[VW]; VSTOREV(acc[i], 0, r); for (int j = 0; j < VW; ++j) "
+            f"C[(m0 + i) * N + n0 + j] = {_epi_call(spec, 'r[j]', 'n0 + j')}; }}"
+        )
+        reg = f"""{OPENCL_VECTOR_HELPERS}{pre}
+__kernel void matmul({args}) {{
+    int n0 = get_global_id(0) * VW;
+    int m0 = get_global_id(1) * TM;
+    if (n0 >= N || m0 >= M) return;
+    floatv acc[TM];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) acc[i] = (floatv)(0.0f);
+    for (int k = 0; k < K; ++k) {{
+        floatv b = VLOADV(0, B + k * N + n0);
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) acc[i] = fma((floatv)(A[min(m0 + i, M - 1) * K + k]), b, acc[i]);
+    }}
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {{
+        {store_rows}
+    }}
+}}
+"""
+        body, fargs = _forward(
+            spec,
+            "(_cdiv(N // p['VW'], p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+        )
+        out.append(
+            Recipe(
+                "matmul/register_block",
+                "matmul",
+                "opencl",
+                reg,
+                body,
+                fargs,
+                TunableSpace(
+                    params={
+                        "VW": vws,
+                        "TM": [1, 2, 4, 8, 16],
+                        "BLOCK_X": [1, 2, 4, 8],
+                        "BLOCK_Y": [1, 2, 4, 8],
+                    },
+                    restrictions=["BLOCK_X * BLOCK_Y <= 256", "TM * VW <= 128"],
+                ),
+                {"VW": vws[-1], "TM": 8, "BLOCK_X": 2, "BLOCK_Y": 8},
+                rank=3,
+                modules=spec.modules,
+                description="each work-item keeps a TM x VW block of C in vector registers",
+            )
+        )
+
+    tiled = f"""{pre}
+__kernel void matmul({args}) {{
+    __local float As[TS][TS];
+    __local float Bs[TS][TS + 1];
+    int lx = get_local_id(0), ly = get_local_id(1);
+    int n = get_group_id(0) * TS + lx;
+    int m = get_group_id(1) * TS + ly;
+    float acc = 0.0f;
+    for (int t = 0; t < K; t += TS) {{
+        As[ly][lx] = (m < M && t + lx < K) ? A[m * K + t + lx] : 0.0f;
+        Bs[ly][lx] = (n < N && t + ly < K) ? B[(t + ly) * N + n] : 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TS; ++k) acc = fma(As[ly][k], Bs[k][lx], acc);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    if (m < M && n < N) C[m * N + n] = {_epi_call(spec, "acc", "n")};
+}}
+"""
+    body, fargs = _forward(spec, "(_cdiv(N, p['TS']), _cdiv(M, p['TS']), 1)", "(p['TS'], p['TS'], 1)")
+    out.append(
+        Recipe(
+            "matmul/local_tiles",
+            "matmul",
+            "opencl",
+            tiled,
+            body,
+            fargs,
+            TunableSpace(params={"TS": [4, 8, 16, 32]}, restrictions=["TS * TS <= 1024"]),
+            {"TS": 16},
+            rank=2,
+            modules=spec.modules,
+            description="TS x TS tiles of A and B staged in local memory",
+        )
+    )
+
+    if vws:
+        tr = f"""{OPENCL_VECTOR_HELPERS}{pre}
+#define WX (BN / VW)
+#define WY (BM / TM)
+__kernel void matmul({args}) {{
+    __local float As[BK][BM];
+    __local float Bs[BK][BN];
+    int tx = get_local_id(0), ty = get_local_id(1);
+    int tid = ty * WX + tx;
+    int bm = get_group_id(1) * BM, bn = get_group_id(0) * BN;
+    floatv acc[TM];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) acc[i] = (floatv)(0.0f);
+    for (int k0 = 0; k0 < K; k0 += BK) {{
+        for (int e = tid; e < BM * BK; e += WX * WY) {{
+            int r = e / BK, kk = e % BK;
+            As[kk][r] = (bm + r < M && k0 + kk < K) ? A[(bm + r) * K + k0 + kk] : 0.0f;
+        }}
+        for (int e = tid; e < BK * BN; e += WX * WY) {{
+            int kk = e / BN, c = e % BN;
+            Bs[kk][c] = (k0 + kk < K && bn + c < N) ? B[(k0 + kk) * N + bn + c] : 0.0f;
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+        #pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {{
+            floatv b = VLOADV(0, &Bs[kk][tx * VW]);
+            #pragma unroll
+            for (int i = 0; i < TM; ++i) acc[i] = fma((floatv)(As[kk][ty * TM + i]), b, acc[i]);
+        }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    int n0 = bn + tx * VW;
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {{
+        int m = bm + ty * TM + i;
+        float r[VW];
+        VSTOREV(acc[i], 0, r);
+        for (int j = 0; j < VW; ++j)
+            if (m < M && n0 + j < N) C[m * N + n0 + j] = {_epi_call(spec, "r[j]", "n0 + j")};
+    }}
+}}
+"""
+        body, fargs = _forward(
+            spec, "(_cdiv(N, p['BN']), _cdiv(M, p['BM']), 1)", "(p['BN'] // p['VW'], p['BM'] // p['TM'], 1)"
+        )
+        out.append(
+            Recipe(
+                "matmul/tiled_register_block",
+                "matmul",
+                "opencl",
+                tr,
+                body,
+                fargs,
+                TunableSpace(
+                    params={
+                        "BM": [16, 32, 64],
+                        "BN": [16, 32, 64],
+                        "BK": [4, 8, 16],
+                        "TM": [2, 4, 8],
+                        "VW": vws,
+                    },
+                    restrictions=[
+                        "BM % TM == 0",
+                        "BN % VW == 0",
+                        "(BM // TM) * (BN // VW) <= 256",
+                        "(BM + BN) * BK * 4 <= 32768",
+                    ],
+                ),
+                {"BM": 32, "BN": 32, "BK": 8, "TM": 4, "VW": vws[-1]},
+                rank=4,
+                modules=spec.modules,
+                description="BM x BN block per work-group via local-memory tiles, TM x VW per work-item",
+            )
+        )
+    return out
+
+
+def cuda_recipes(spec: OpSpec) -> list[Recipe]:
+    out: list[Recipe] = []
+    pre = _epilogue(spec, "cuda") + (_CU_TRANSPOSE if spec.linear else "")
+    args = _args(spec, "cuda")
+    naive = f"""{pre}
+extern "C" __global__ void matmul({args}) {{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    int m = blockIdx.y * blockDim.y + threadIdx.y;
+    if (m >= M || n >= N) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc += A[m * K + k] * B[k * N + n];
+    C[m * N + n] = {_epi_call(spec, "acc", "n")};
+}}
+"""
+    body, fargs = _forward(
+        spec, "(_cdiv(N, p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)", "(p['BLOCK_X'], p['BLOCK_Y'], 1)"
+    )
+    out.append(
+        Recipe(
+            "matmul/naive",
+            "matmul",
+            "cuda",
+            naive,
+            body,
+            fargs,
+            TunableSpace(
+                params={"BLOCK_X": [8, 16, 32, 64], "BLOCK_Y": [1, 2, 4, 8, 16]},
+                restrictions=["BLOCK_X * BLOCK_Y <= 1024"],
+            ),
+            {"BLOCK_X": 16, "BLOCK_Y": 16},
+            rank=0,
+            modules=spec.modules,
+            description="one thread per output",
+        )
+    )
+    if spec.N % 4 == 0:
+        vec = f"""{pre}
+extern "C" __global__ void matmul({args}) {{
+    int n0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    int m = blockIdx.y * blockDim.y + threadIdx.y;
+    if (m >= M || n0 >= N) return;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; ++k) {{
+        float a = __ldg(&A[m * K + k]);
+        float4 b = __ldg(reinterpret_cast<const float4*>(B + k * N + n0));
+        acc.x = fmaf(a, b.x, acc.x); acc.y = fmaf(a, b.y, acc.y);
+        acc.z = fmaf(a, b.z, acc.z); acc.w = fmaf(a, b.w, acc.w);
+    }}
+    float4 r = make_float4({_epi_call(spec, "acc.x", "n0")}, {_epi_call(spec, "acc.y", "n0 + 1")},
+                           {_epi_call(spec, "acc.z", "n0 + 2")}, {_epi_call(spec, "acc.w", "n0 + 3")});
+    *reinterpret_cast<float4*>(C + m * N + n0) = r;
+}}
+"""
+        body, fargs = _forward(
+            spec,
+            "(_cdiv(N // 4, p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+        )
+        out.append(
+            Recipe(
+                "matmul/vector",
+                "matmul",
+                "cuda",
+                vec,
+                body,
+                fargs,
+                TunableSpace(
+                    params={"BLOCK_X": [8, 16, 32, 64], "BLOCK_Y": [1, 2, 4, 8, 16]},
+                    restrictions=["BLOCK_X * BLOCK_Y <= 1024"],
+                ),
+                {"BLOCK_X": 32, "BLOCK_Y": 8},
+                rank=1,
+                modules=spec.modules,
+                description="float4 loads of B, FMA",
+            )
+        )
+    tiled = f"""{pre}
+extern "C" __global__ void matmul({args}) {{
+    __shared__ float As[TS][TS];
+    __shared__ float Bs[TS][TS + 1];
+    int lx = threadIdx.x, ly = threadIdx.y;
+    int n = blockIdx.x * TS + lx;
+    int m = blockIdx.y * TS + ly;
+    float acc = 0.0f;
+    for (int t = 0; t < K; t += TS) {{
+        As[ly][lx] = (m < M && t + lx < K) ? A[m * K + t + lx] : 0.0f;
+        Bs[ly][lx] = (n < N && t + ly < K) ? B[(t + ly) * N + n] : 0.0f;
+        __syncthreads();
+        #pragma unroll
+        for (int k = 0; k < TS; ++k) acc = fmaf(As[ly][k], Bs[k][lx], acc);
+        __syncthreads();
+    }}
+    if (m < M && n < N) C[m * N + n] = {_epi_call(spec, "acc", "n")};
+}}
+"""
+    body, fargs = _forward(spec, "(_cdiv(N, p['TS']), _cdiv(M, p['TS']), 1)", "(p['TS'], p['TS'], 1)")
+    out.append(
+        Recipe(
+            "matmul/shared_tiles",
+            "matmul",
+            "cuda",
+            tiled,
+            body,
+            fargs,
+            TunableSpace(params={"TS": [8, 16, 32]}),
+            {"TS": 16},
+            rank=2,
+            modules=spec.modules,
+            description="TS x TS tiles in shared memory",
+        )
+    )
+    reg = f"""{pre}
+extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN))
+matmul({args}) {{
+    __shared__ float As[2][BK][BM];
+    __shared__ float Bs[2][BK][BN];
+    const int tx = threadIdx.x % (BN / TN), ty = threadIdx.x / (BN / TN);
+    const int nthreads = (BM / TM) * (BN / TN);
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    float acc[TM][TN];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i)
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+    int buf = 0;
+    // double buffer: tile k0 + BK is loaded while tile k0 is multiplied
+    for (int e = threadIdx.x; e < BM * BK; e += nthreads) {{
+        int r = e / BK, kk = e % BK;
+        As[0][kk][r] = (bm + r < M && kk < K) ? A[(bm + r) * K + kk] : 0.0f;
+    }}
+    for (int e = threadIdx.x; e < BK * BN; e += nthreads) {{
+        int kk = e / BN, c = e % BN;
+        Bs[0][kk][c] = (kk < K && bn + c < N) ? B[kk * N + bn + c] : 0.0f;
+    }}
+    __syncthreads();
+    for (int k0 = 0; k0 < K; k0 += BK) {{
+        int nk = k0 + BK;
+        if (nk < K) {{
+            for (int e = threadIdx.x; e < BM * BK; e += nthreads) {{
+                int r = e / BK, kk = e % BK;
+                As[buf ^ 1][kk][r] = (bm + r < M && nk + kk < K) ? A[(bm + r) * K + nk + kk] : 0.0f;
+            }}
+            for (int e = threadIdx.x; e < BK * BN; e += nthreads) {{
+                int kk = e / BN, c = e % BN;
+                Bs[buf ^ 1][kk][c] = (nk + kk < K && bn + c < N) ? B[(nk + kk) * N + bn + c] : 0.0f;
+            }}
+        }}
+        #pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {{
+            float a[TM], b[TN];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = As[buf][kk][ty * TM + i];
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) b[j] = Bs[buf][kk][tx * TN + j];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i)
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }}
+        __syncthreads();
+        buf ^= 1;
+    }}
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {{
+        int m = bm + ty * TM + i;
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) {{
+            int n = bn + tx * TN + j;
+            if (m < M && n < N) C[m * N + n] = {_epi_call(spec, "acc[i][j]", "n")};
+        }}
+    }}
+}}
+"""
+    body, fargs = _forward(
+        spec,
+        "(_cdiv(N, p['BN']), _cdiv(M, p['BM']), 1)",
+        "((p['BM'] // p['TM']) * (p['BN'] // p['TN']), 1, 1)",
+    )
+    out.append(
+        Recipe(
+            "matmul/register_block_double_buffer",
+            "matmul",
+            "cuda",
+            reg,
+            body,
+            fargs,
+            TunableSpace(
+                params={
+                    "BM": [32, 64, 128],
+                    "BN": [32, 64, 128],
+                    "BK": [8, 16, 32],
+                    "TM": [4, 8],
+                    "TN": [4, 8],
+                },
+                restrictions=[
+                    "(BM // TM) * (BN // TN) <= 1024",
+                    "(BM // TM) * (BN // TN) >= 32",
+                    "2 * (BM + BN) * BK * 4 <= 49152",
+                ],
+            ),
+            {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4},
+            rank=4,
+            modules=spec.modules,
+            description="BM x BN tile per block, TM x TN per thread in registers, double-buffered shared tiles",
+        )
+    )
+    warp = f"""{pre}
+extern "C" __global__ void matmul({args}) {{
+    // one warp per (row, TN-column strip): lanes split K, partial sums meet through warp shuffles
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int strips = (N + TN - 1) / TN;
+    const int m = warp / strips, n0 = (warp % strips) * TN;
+    if (m >= M) return;
+    float acc[TN];
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) acc[j] = 0.0f;
+    for (int k = lane; k < K; k += 32) {{
+        float a = __ldg(&A[m * K + k]);
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) if (n0 + j < N) acc[j] = fmaf(a, __ldg(&B[k * N + n0 + j]), acc[j]);
+    }}
+    #pragma unroll
+    for (int j = 0; j < TN; ++j) {{
+        float v = acc[j];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && n0 + j < N) C[m * N + n0 + j] = {_epi_call(spec, "v", "n0 + j")};
+    }}
+}}
+"""
+    body, fargs = _forward(
+        spec, "(_cdiv(M * _cdiv(N, p['TN']) * 32, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"
+    )
+    out.append(
+        Recipe(
+            "matmul/warp_split_k",
+            "matmul",
+            "cuda",
+            warp,
+            body,
+            fargs,
+            TunableSpace(params={"TN": [1, 2, 4, 8, 16], "BLOCK_X": [64, 128, 256]}),
+            {"TN": 8, "BLOCK_X": 128},
+            rank=1,
+            modules=spec.modules,
+            description="a warp per output strip, K split across lanes, warp-shuffle reduction (skinny shapes)",
+        )
+    )
+    return out
+
+
+def recipes(spec: OpSpec, language: str) -> list[Recipe]:
+    return opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)

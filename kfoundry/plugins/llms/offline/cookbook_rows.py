@@ -1,0 +1,463 @@
+"""Row recipes (softmax, log-softmax, layer norm, RMS norm, reductions over one dimension).
+
+Ladder: multi-pass per row → single-pass online statistics → vector loads → a work-group per row
+with a local-memory tree merge → a work-group per row that also caches its row in registers (one
+read of the row) → on CUDA, warp-shuffle merges and the warp/block hierarchy.
+"""
+
+from __future__ import annotations
+
+from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
+from kfoundry.plugins.llms.offline.recognize import OpSpec
+from kfoundry.plugins.llms.offline.rowops import RowOp, multipass, row_op
+
+
+def _sig(spec: OpSpec, lang: str) -> str:
+    if lang == "opencl":
+        g = "__global const float* restrict"
+        wb = f"{g} w, {g} b, " if spec.affine else ""
+        return f"{g} X, {wb}__global float* restrict Y, int outer, int R, int inner"
+    c = "const float* __restrict__"
+    wb = f"{c} w, {c} b, " if spec.affine else ""
+    return f"{c} X, {wb}float* __restrict__ Y, int outer, int R, int inner"
+
+
+def _head(lang: str) -> str:
+    return "__kernel void rows" if lang == "opencl" else 'extern "C" __global__ void rows'
+
+
+def _forward(spec: OpSpec, grid: str, block: str) -> str:
+    wb = "self.m0.weight, self.m0.bias, " if spec.affine else ""
+    return f"""
+        y = torch.empty({list(spec.output_shape)!r}, dtype=x.dtype, device=x.device)
+        self.prog.rows(x, {wb}y, {spec.outer}, {spec.R}, {spec.inner}, grid={grid}, block={block})
+        return y
+    """
+
+
+def _write_loop(op: RowOp, spec: OpSpec, start: str, step: str, load: str, store: str) -> str:
+    if op.reduce:
+        return ""
+    return f"for (int r = {start}; r < R; r += {step}) {{ float x = {load}; int j = r; {store} = {op.out}; }}"
+
+
+def _space_1d(block: list[int]) -> TunableSpace:
+    return TunableSpace(params={"BLOCK_X": block})
+
+
+def _rows_total(spec: OpSpec) -> int:
+    return spec.outer * spec.inner
+
+
+def opencl_recipes(spec: OpSpec) -> list[Recipe]:
+    lang = "opencl"
+    op = row_op(spec, lang)
+    sig = _sig(spec, lang)
+    mods = spec.modules
+    out: list[Recipe] = []
+    fam = spec.family
+    setup = (
+        "int g = get_global_id(0);\n    if (g >= outer * inner) return;\n    int o = g / inner, i = g % inner;\n"
+        "    __global const float* xr = X + (long)o * R * inner + i;\n"
+        "    __global float* yr = Y + (long)o * (REDUCE_OUT ? 1 : R) * inner + i;"
+    ).replace("REDUCE_OUT", "1" if op.reduce else "0")
+    stmts, expr = multipass(spec, lang, "xr[(long)({r}) * inner]")
+    write = (
+        f"yr[0] = {expr};" if op.reduce
+        else f"for (int r = 0; r < R; ++r) {{ float x = xr[(long)r * inner]; int j = r; yr[(long)r * inner] = {expr}; }}"
+    )
+    naive = f"""
+{_head(lang)}({sig}) {{
+    {setup}
+    {stmts}
+    {write}
+}}
+"""
+    grid1 = f"(_cdiv({_rows_total(spec)}, p['BLOCK_X']), 1, 1)"
+    out.append(Recipe(f"{fam}/naive", fam, lang, naive, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
+                      _space_1d([1, 4, 16, 64]), {"BLOCK_X": 16}, rank=0, modules=mods,
+                      description="one work-item per row, one pass over the row per statistic"))
+
+    final_write = (
+        f"yr[0] = {op.result};" if op.reduce
+        else _write_loop(op, spec, "0", "1", "xr[(long)r * inner]", "yr[(long)r * inner]")
+    )
+    online = f"""
+{_head(lang)}({sig}) {{
+    {setup}
+    {op.declare()}
+    for (int r = 0; r < R; ++r) {{ float x = xr[(long)r * inner]; {op.acc} }}
+    {op.final}
+    {final_write}
+}}
+"""
+    out.append(Recipe(f"{fam}/online", fam, lang, online, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
+                      _space_1d([1, 4, 16, 64]), {"BLOCK_X": 16}, rank=1, modules=mods,
+                      description="one work-item per row, single-pass online statistics"))
+
+    vws = [v for v in (2, 4, 8) if spec.inner == 1 and spec.R % v == 0]
+    if vws:
+        vwrite = "" if op.reduce else f"""
+    for (int c = 0; c < R / VW; ++c) {{
+        float xs[VW];
+        VSTOREV(VLOADV(c, xr), 0, xs);
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) {{ float x = xs[u]; int j = c * VW + u; xs[u] = {op.out}; }}
+        VSTOREV(VLOADV(0, xs), c, yr);
+    }}"""
+        vec = f"""{OPENCL_VECTOR_HELPERS}
+{_head(lang)}({sig}) {{
+    {setup}
+    {op.declare()}
+    for (int c = 0; c < R / VW; ++c) {{
+        float xs[VW];
+        VSTOREV(VLOADV(c, xr), 0, xs);
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) {{ float x = xs[u]; {op.acc} }}
+    }}
+    {op.final}
+    {f"yr[0] = {op.result};" if op.reduce else ""}{vwrite}
+}}
+"""
+        out.append(Recipe(f"{fam}/vector", fam, lang, vec, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
+                          TunableSpace(params={"VW": vws, "BLOCK_X": [1, 4, 16, 64]}),
+                          {"VW": vws[-1], "BLOCK_X": 4}, rank=1, modules=mods,
+                          description="one work-item per row, vector loads, online statistics"))
+
+    if vws and fam in ("softmax", "log_softmax", "rms_norm", "layer_norm"):
+        out.append(_opencl_vector_native(spec, sig, setup, grid1, vws))
+    names = [n for n, _ in op.stats]
+    shared = "\n    ".join(f"__local float sh_{n}[BR * BI];" for n in names)
+    save = " ".join(f"sh_{n}[tr * BI + ti] = {n};" for n in names)
+    load_o = " ".join(f"float {n}_o = sh_{n}[(tr + s) * BI + ti];" for n in names)
+    bcast = " ".join(f"{n} = sh_{n}[ti];" for n in names)
+    wg_write = (
+        f"if (tr == 0 && valid) Y[(long)o * inner + i] = {op.result};" if op.reduce
+        else "if (valid) " + _write_loop(op, spec, "tr", "BR", "xr[(long)r * inner]", "yr[(long)r * inner]")
+    )
+    wg = f"""
+{_head(lang)}({sig}) {{
+    {shared}
+    int ti = get_local_id(0), tr = get_local_id(1);
+    int i = get_group_id(0) * BI + ti, o = get_group_id(1);
+    int valid = i < inner;
+    __global const float* xr = X + (long)o * R * inner + i;
+    __global float* yr = Y + (long)o * R * inner + i;
+    {op.declare()}
+    if (valid) for (int r = tr; r < R; r += BR) {{ float x = xr[(long)r * inner]; {op.acc} }}
+    {save}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = BR / 2; s > 0; s >>= 1) {{
+        if (tr < s) {{ {load_o} {op.merge} {save} }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    {bcast}
+    {op.final}
+    {wg_write}
+}}
+"""
+    bis = [1] if spec.inner == 1 else [1, 4, 16]
+    out.append(Recipe(
+        f"{fam}/workgroup", fam, lang, wg,
+        _forward(spec, f"(_cdiv({spec.inner}, p['BI']), {spec.outer}, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
+        TunableSpace(params={"BI": bis, "BR": [2, 4, 8, 16, 32, 64]}, restrictions=["BI * BR <= 256"]),
+        {"BI": bis[-1], "BR": 16 if spec.inner == 1 else 4}, rank=2, modules=mods,
+        description="a work-group per row: strided online statistics, local-memory tree merge",
+    ))
+
+    if vws:
+        cw = "" if op.reduce else f"""
+    #pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+        int cc = tr + c * BR;
+        if (cc < ROW_LEN / VW) {{
+            float xs[VW];
+            VSTOREV(cache[c], 0, xs);
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) {{ float x = xs[u]; int j = cc * VW + u; xs[u] = {op.out}; }}
+            VSTOREV(VLOADV(0, xs), cc, yr);
+        }}
+    }}"""
+        shared1 = "\n    ".join(f"__local float sh_{n}[BR];" for n in names)
+        save1 = " ".join(f"sh_{n}[tr] = {n};" for n in names)
+        load1 = " ".join(f"float {n}_o = sh_{n}[tr + s];" for n in names)
+        bcast1 = " ".join(f"{n} = sh_{n}[0];" for n in names)
+        cached = f"""{OPENCL_VECTOR_HELPERS}
+#define ROW_LEN {spec.R}
+#define CH ((ROW_LEN / VW + BR - 1) / BR)
+{_head(lang)}({sig}) {{
+    {shared1}
+    int tr = get_local_id(0), o = get_group_id(0);
+    __global const float* xr = X + (long)o * ROW_LEN;
+    __global float* yr = Y + (long)o * ROW_LEN;
+    floatv cache[CH];
+    {op.declare()}
+    #pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+        int cc = tr + c * BR;
+        if (cc < ROW_LEN / VW) {{
+            cache[c] = VLOADV(cc, xr);
+            float xs[VW];
+            VSTOREV(cache[c], 0, xs);
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) {{ float x = xs[u]; {op.acc} }}
+        }}
+    }}
+    {save1}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = BR / 2; s > 0; s >>= 1) {{
+        if (tr < s) {{ {load1} {op.merge} {save1} }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    {bcast1}
+    {op.final}
+    {f"if (tr == 0) Y[o] = {op.result};" if op.reduce else ""}{cw}
+}}
+"""
+        out.append(Recipe(
+            f"{fam}/workgroup_register_cache", fam, lang, cached,
+            _forward(spec, f"({spec.outer}, 1, 1)", "(p['BR'], 1, 1)"), ["x"],
+            TunableSpace(params={"VW": vws, "BR": [1, 2, 4, 8, 16, 32, 64, 128]},
+                         restrictions=[f"({spec.R} // VW + BR - 1) // BR <= 64"]),
+            {"VW": vws[-1], "BR": 16}, rank=3, modules=mods,
+            description="a work-group per row, vector loads, the row cached in registers (read once)",
+        ))
+    return out
+
+
+def _hreduce(var: str, vec: str, how: str) -> str:
+    """Fold the VW lanes of vector ``vec`` into scalar ``var`` (``how``: sum or max)."""
+    step = f"{var} += t[u];" if how == "sum" else f"{var} = fmax({var}, t[u]);"
+    return f"{{ float t[VW]; VSTOREV({vec}, 0, t); for (int u = 0; u < VW; ++u) {step} }}"
+
+
+def _opencl_vector_native(spec: OpSpec, sig: str, setup: str, grid: str, vws: list[int]) -> Recipe:
+    """Multi-pass with every pass in vector arithmetic (vector exp/rsqrt): the CPU-friendly form."""
+    fam = spec.family
+    ld = "VLOADV(c, xr)"
+    loop = "for (int c = 0; c < R / VW; ++c)"
+    eps = f"{spec.eps!r}f"
+    if fam in ("softmax", "log_softmax"):
+        body = f"""floatv vm = (floatv)(-INFINITY);
+    {loop} vm = fmax(vm, {ld});
+    float m = -INFINITY;
+    {_hreduce("m", "vm", "max")}
+    floatv vs = (floatv)(0.0f);"""
+        if fam == "softmax":
+            body += f"""
+    {loop} {{ floatv e = exp({ld} - (floatv)(m)); vs += e; VSTOREV(e, c, yr); }}
+    float s = 0.0f;
+    {_hreduce("s", "vs", "sum")}
+    floatv inv = (floatv)(1.0f / s);
+    {loop} VSTOREV(VLOADV(c, yr) * inv, c, yr);"""
+        else:
+            body += f"""
+    {loop} vs += exp({ld} - (floatv)(m));
+    float s = 0.0f;
+    {_hreduce("s", "vs", "sum")}
+    floatv lse = (floatv)(m + log(s));
+    {loop} VSTOREV({ld} - lse, c, yr);"""
+    elif fam == "rms_norm":
+        body = f"""floatv vq = (floatv)(0.0f);
+    {loop} {{ floatv v = {ld}; vq = fma(v, v, vq); }}
+    float q = 0.0f;
+    {_hreduce("q", "vq", "sum")}
+    floatv rstd = (floatv)(rsqrt(q / {float(spec.R)!r}f + {eps}));
+    {loop} VSTOREV({ld} * rstd, c, yr);"""
+    else:
+        affine = " * VLOADV(c, w) + VLOADV(c, b)" if spec.affine else ""
+        body = f"""floatv vs = (floatv)(0.0f);
+    {loop} vs += {ld};
+    float mean = 0.0f;
+    {_hreduce("mean", "vs", "sum")}
+    mean /= {float(spec.R)!r}f;
+    floatv vq = (floatv)(0.0f);
+    {loop} {{ floatv d = {ld} - (floatv)(mean); vq = fma(d, d, vq); }}
+    float var = 0.0f;
+    {_hreduce("var", "vq", "sum")}
+    floatv rstd = (floatv)(rsqrt(var / {float(spec.R)!r}f + {eps}));
+    {loop} VSTOREV(({ld} - (floatv)(mean)) * rstd{affine}, c, yr);"""
+    kernel = f"""{OPENCL_VECTOR_HELPERS}
+{_head("opencl")}({sig}) {{
+    {setup}
+    {body}
+}}
+"""
+    return Recipe(
+        f"{fam}/vector_passes", fam, "opencl", kernel, _forward(spec, grid, "(p['BLOCK_X'], 1, 1)"), ["x"],
+        TunableSpace(params={"VW": vws, "BLOCK_X": [1, 2, 4, 8, 16]}), {"VW": vws[-1], "BLOCK_X": 1},
+        rank=2, modules=spec.modules, description="one work-item per row, every pass in vector arithmetic",
+    )
+
+
+def cuda_recipes(spec: OpSpec) -> list[Recipe]:
+    lang = "cuda"
+    op = row_op(spec, lang)
+    sig = _sig(spec, lang)
+    mods = spec.modules
+    fam = spec.family
+    out: list[Recipe] = []
+    setup = (
+        "int g = blockIdx.x * blockDim.x + threadIdx.x;\n    if (g >= outer * inner) return;\n"
+        "    int o = g / inner, i = g % inner;\n    const float* xr = X + (size_t)o * R * inner + i;\n"
+        f"    float* yr = Y + (size_t)o * {'1' if op.reduce else 'R'} * inner + i;"
+    )
+    stmts, expr = multipass(spec, lang, "xr[(size_t)({r}) * inner]")
+    write = (
+        f"yr[0] = {expr};" if op.reduce
+        else f"for (int r = 0; r < R; ++r) {{ float x = xr[(size_t)r * inner]; int j = r; yr[(size_t)r * inner] = {expr}; }}"
+    )
+    grid1 = f"(_cdiv({_rows_total(spec)}, p['BLOCK_X']), 1, 1)"
+    out.append(Recipe(
+        f"{fam}/naive", fam, lang, f"\n{_head(lang)}({sig}) {{\n    {setup}\n    {stmts}\n    {write}\n}}\n",
+        _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"], _space_1d([32, 64, 128, 256]), {"BLOCK_X": 128},
+        rank=0, modules=mods, description="one thread per row, one pass per statistic",
+    ))
+    names = [n for n, _ in op.stats]
+    shared = "\n    ".join(f"__shared__ float sh_{n}[BR * BI];" for n in names)
+    save = " ".join(f"sh_{n}[tr * BI + ti] = {n};" for n in names)
+    load_o = " ".join(f"float {n}_o = sh_{n}[(tr + s) * BI + ti];" for n in names)
+    bcast = " ".join(f"{n} = sh_{n}[ti];" for n in names)
+    wg_write = (
+        f"if (tr == 0 && valid) Y[(size_t)o * inner + i] = {op.result};" if op.reduce
+        else "if (valid) " + _write_loop(op, spec, "tr", "BR", "xr[(size_t)r * inner]", "yr[(size_t)r * inner]")
+    )
+    wg = f"""
+{_head(lang)}({sig}) {{
+    {shared}
+    int ti = threadIdx.x, tr = threadIdx.y;
+    int i = blockIdx.x * BI + ti, o = blockIdx.y;
+    bool valid = i < inner;
+    const float* xr = X + (size_t)o * R * inner + i;
+    float* yr = Y + (size_t)o * R * inner + i;
+    {op.declare()}
+    if (valid) for (int r = tr; r < R; r += BR) {{ float x = xr[(size_t)r * inner]; {op.acc} }}
+    {save}
+    __syncthreads();
+    for (int s = BR / 2; s > 0; s >>= 1) {{
+        if (tr < s) {{ {load_o} {op.merge} {save} }}
+        __syncthreads();
+    }}
+    {bcast}
+    {op.final}
+    {wg_write}
+}}
+"""
+    bis = [1] if spec.inner == 1 else [8, 16, 32]
+    out.append(Recipe(
+        f"{fam}/block_tree", fam, lang, wg,
+        _forward(spec, f"(_cdiv({spec.inner}, p['BI']), {spec.outer}, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
+        TunableSpace(params={"BI": bis, "BR": [4, 8, 16, 32, 64, 128, 256]},
+                     restrictions=["BI * BR <= 1024", "BI * BR >= 32"]),
+        {"BI": bis[-1], "BR": 256 if spec.inner == 1 else 8}, rank=2, modules=mods,
+        description="a block per row, strided online statistics, shared-memory tree merge",
+    ))
+    if spec.inner != 1:
+        return out
+    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
+    v4 = spec.R % 4 == 0
+    loads = (
+        "const float4* xr4 = reinterpret_cast<const float4*>(xr);\n"
+        "    for (int c = lane; c < ROW_LEN / 4; c += 32) { float4 q = __ldg(xr4 + c);"
+        " float x; x = q.x; ACC x = q.y; ACC x = q.z; ACC x = q.w; ACC }"
+        if v4 else "for (int r = lane; r < ROW_LEN; r += 32) { float x = __ldg(xr + r); ACC }"
+    ).replace("ACC", op.acc)
+    warp_write = (
+        f"if (lane == 0) Y[row] = {op.result};" if op.reduce
+        else f"for (int r = lane; r < ROW_LEN; r += 32) {{ float x = __ldg(xr + r); int j = r; yr[r] = {op.out}; }}"
+    )
+    warp = f"""
+#define ROW_LEN {spec.R}
+{_head(lang)}({sig}) {{
+    // one warp per row: lanes stride the row, statistics meet through warp shuffles
+    const int lane = threadIdx.x & 31;
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= outer) return;
+    const float* xr = X + (size_t)row * ROW_LEN;
+    float* yr = Y + (size_t)row * ROW_LEN;
+    {op.declare()}
+    {loads}
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+    {op.final}
+    {warp_write}
+}}
+"""
+    out.append(Recipe(
+        f"{fam}/warp_shuffle", fam, lang, warp,
+        _forward(spec, f"(_cdiv({spec.outer} * 32, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"), ["x"],
+        _space_1d([32, 64, 128, 256]), {"BLOCK_X": 128}, rank=2, modules=mods,
+        description="a warp per row, warp-shuffle merge of online statistics",
+    ))
+    if not v4:
+        return out
+    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
+    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
+    bc_w = " ".join(f"sh_{n}[0] = {n};" for n in names)
+    get_w = " ".join(f"{n} = sh_{n}[0];" for n in names)
+    shared_w = "\n    ".join(f"__shared__ float sh_{n}[32];" for n in names)
+    hier_write = (
+        f"if (threadIdx.x == 0) Y[row] = {op.result};" if op.reduce else f"""
+    float4* yr4 = reinterpret_cast<float4*>(Y + (size_t)row * ROW_LEN);
+    #pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+        int cc = threadIdx.x + c * BLOCK;
+        if (cc < ROW_LEN / 4) {{
+            float4 q = cache[c];
+            float x; int j = cc * 4;
+            x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};
+            yr4[cc] = q;
+        }}
+    }}"""
+    )
+    hier = f"""
+#define ROW_LEN {spec.R}
+#define NWARPS (BLOCK / 32)
+#define CH ((ROW_LEN / 4 + BLOCK - 1) / BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig}) {{
+    // a block per row: float4 loads cached in registers, warp shuffles, then shared memory across warps
+    {shared_w}
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x;
+    const float4* xr4 = reinterpret_cast<const float4*>(X + (size_t)row * ROW_LEN);
+    float4 cache[CH];
+    {op.declare()}
+    #pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+        int cc = threadIdx.x + c * BLOCK;
+        if (cc < ROW_LEN / 4) {{
+            float4 q = __ldg(xr4 + cc);
+            cache[c] = q;
+            float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc}
+        }}
+    }}
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+    if (lane == 0) {{ {save_w} }}
+    __syncthreads();
+    if (warp == 0) {{
+        {load_w}
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+        if (lane == 0) {{ {bc_w} }}
+    }}
+    __syncthreads();
+    {get_w}
+    {op.final}
+    {hier_write}
+}}
+"""
+    out.append(Recipe(
+        f"{fam}/block_hierarchical", fam, lang, hier,
+        _forward(spec, f"({spec.outer}, 1, 1)", "(p['BLOCK'], 1, 1)"), ["x"],
+        TunableSpace(params={"BLOCK": [64, 128, 256, 512, 1024]},
+                     restrictions=[f"({spec.R} // 4 + BLOCK - 1) // BLOCK <= 32"]),
+        {"BLOCK": 256}, rank=3, modules=mods,
+        description="a block per row: float4 loads cached in registers, warp shuffles then shared memory",
+    ))
+    return out
+
+
+def recipes(spec: OpSpec, language: str) -> list[Recipe]:
+    return opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)

@@ -1,0 +1,244 @@
+"""Elementwise torch operations as C expressions (OpenCL C and CUDA), read from an fx graph node."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kfoundry.core.generator import GeneratorUnsupported
+
+#: Math functions whose CUDA single-precision name adds an ``f``.
+_MATH = {
+    "exp",
+    "log",
+    "tanh",
+    "erf",
+    "sqrt",
+    "rsqrt",
+    "fabs",
+    "sin",
+    "cos",
+    "log1p",
+    "fmax",
+    "fmin",
+    "pow",
+    "expm1",
+}
+
+
+def fn(name: str, lang: str) -> str:
+    """A math function's name in ``lang`` (``expf`` on CUDA, ``exp`` on OpenCL)."""
+    if lang == "cuda" and name in _MATH:
+        return "rsqrtf" if name == "rsqrt" else f"{name}f"
+    return name
+
+
+def lit(value: float) -> str:
+    """A float literal both languages accept."""
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"{float(value)!r}f".replace("inff", "INFINITY")
+
+
+def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
+    f = lambda n: fn(n, lang)  # noqa: E731
+    table: dict[str, Callable[[], str]] = {
+        "relu": lambda: f"{f('fmax')}({a}, 0.0f)",
+        "sigmoid": lambda: f"(1.0f / (1.0f + {f('exp')}(-({a}))))",
+        "tanh": lambda: f"{f('tanh')}({a})",
+        "gelu": lambda: f"(0.5f * ({a}) * (1.0f + {f('erf')}(({a}) * 0.7071067811865476f)))",
+        "gelu_tanh": lambda: (
+            f"(0.5f * ({a}) * (1.0f + {f('tanh')}(0.7978845608028654f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))"
+        ),
+        "silu": lambda: f"(({a}) / (1.0f + {f('exp')}(-({a}))))",
+        "mish": lambda: f"(({a}) * {f('tanh')}({f('log1p')}({f('exp')}({a}))))",
+        "softplus": lambda: f"((({a}) > 20.0f) ? ({a}) : {f('log1p')}({f('exp')}({a})))",
+        "exp": lambda: f"{f('exp')}({a})",
+        "log": lambda: f"{f('log')}({a})",
+        "abs": lambda: f"{f('fabs')}({a})",
+        "sqrt": lambda: f"{f('sqrt')}({a})",
+        "rsqrt": lambda: f"{f('rsqrt')}({a})",
+        "sin": lambda: f"{f('sin')}({a})",
+        "cos": lambda: f"{f('cos')}({a})",
+        "neg": lambda: f"(-({a}))",
+        "square": lambda: f"(({a}) * ({a}))",
+        "softsign": lambda: f"(({a}) / (1.0f + {f('fabs')}({a})))",
+        "hardsigmoid": lambda: f"{f('fmin')}({f('fmax')}(({a}) / 6.0f + 0.5f, 0.0f), 1.0f)",
+        "hardswish": lambda: f"(({a}) * {f('fmin')}({f('fmax')}(({a}) + 3.0f, 0.0f), 6.0f) / 6.0f)",
+        "leaky_relu": lambda: f"((({a}) > 0.0f) ? ({a}) : {lit(kw.get('slope', 0.01))} * ({a}))",
+        "elu": lambda: f"((({a}) > 0.0f) ? ({a}) : {lit(kw.get('alpha', 1.0))} * ({f('exp')}({a}) - 1.0f))",
+        "selu": lambda: (
+            f"(1.0507009873554805f * ((({a}) > 0.0f) ? ({a}) : 1.6732632423543772f * ({f('exp')}({a}) - 1.0f)))"
+        ),
+        "clamp": lambda: (
+            f"{f('fmin')}({f('fmax')}({a}, {lit(kw.get('lo', -math.inf))}), {lit(kw.get('hi', math.inf))})"
+        ),
+    }
+    if name not in table:
+        raise GeneratorUnsupported(f"offline generator: elementwise op {name!r} is not in the cookbook")
+    return table[name]()
+
+
+_FUNCS: dict[Any, str] = {
+    torch.relu: "relu",
+    F.relu: "relu",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    torch.tanh: "tanh",
+    F.tanh: "tanh",
+    F.gelu: "gelu",
+    F.silu: "silu",
+    F.mish: "mish",
+    F.softplus: "softplus",
+    torch.exp: "exp",
+    torch.log: "log",
+    torch.abs: "abs",
+    torch.sqrt: "sqrt",
+    torch.rsqrt: "rsqrt",
+    torch.sin: "sin",
+    torch.cos: "cos",
+    torch.neg: "neg",
+    operator.neg: "neg",
+    torch.square: "square",
+    F.softsign: "softsign",
+    F.hardsigmoid: "hardsigmoid",
+    F.hardswish: "hardswish",
+    F.leaky_relu: "leaky_relu",
+    F.elu: "elu",
+    F.selu: "selu",
+    torch.selu: "selu",
+    torch.clamp: "clamp",
+    F.hardtanh: "clamp",
+    torch.clip: "clamp",
+}
+_METHODS = {
+    "relu",
+    "sigmoid",
+    "tanh",
+    "exp",
+    "log",
+    "abs",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "neg",
+    "square",
+    "clamp",
+}
+_MODULES: dict[type, str] = {
+    nn.ReLU: "relu",
+    nn.Sigmoid: "sigmoid",
+    nn.Tanh: "tanh",
+    nn.GELU: "gelu",
+    nn.SiLU: "silu",
+    nn.Mish: "mish",
+    nn.Softplus: "softplus",
+    nn.Softsign: "softsign",
+    nn.Hardsigmoid: "hardsigmoid",
+    nn.Hardswish: "hardswish",
+    nn.LeakyReLU: "leaky_relu",
+    nn.ELU: "elu",
+    nn.SELU: "selu",
+    nn.Hardtanh: "clamp",
+    nn.Identity: "identity",
+}
+_BINARY: dict[Any, str] = {
+    operator.add: "+",
+    torch.add: "+",
+    operator.sub: "-",
+    torch.sub: "-",
+    operator.mul: "*",
+    torch.mul: "*",
+    operator.truediv: "/",
+    torch.div: "/",
+    torch.true_divide: "/",
+}
+_BINARY_METHODS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+def _kwargs(name: str, node: Any, module: Any = None) -> dict[str, Any]:
+    """Scalar options of parameterised activations."""
+    kw = dict(node.kwargs)
+    args = list(node.args[1:])
+    if module is not None:
+        if name == "leaky_relu":
+            return {"slope": module.negative_slope}
+        if name == "elu":
+            return {"alpha": module.alpha}
+        if name == "clamp":
+            return {"lo": module.min_val, "hi": module.max_val}
+        if name == "softplus" and (module.beta != 1 or module.threshold != 20):
+            raise GeneratorUnsupported(
+                "offline generator: softplus with beta/threshold is not in the cookbook"
+            )
+        if name == "gelu" and module.approximate == "tanh":
+            return {"tanh": True}
+        return {}
+    if name == "leaky_relu":
+        return {"slope": kw.get("negative_slope", args[0] if args else 0.01)}
+    if name == "elu":
+        return {"alpha": kw.get("alpha", args[0] if args else 1.0)}
+    if name == "clamp":
+        lo = kw.get(
+            "min", kw.get("min_val", args[0] if args else -1.0 if node.target is F.hardtanh else None)
+        )
+        hi = kw.get(
+            "max", kw.get("max_val", args[1] if len(args) > 1 else 1.0 if node.target is F.hardtanh else None)
+        )
+        return {"lo": -math.inf if lo is None else float(lo), "hi": math.inf if hi is None else float(hi)}
+    if name == "gelu" and kw.get("approximate", "none") == "tanh":
+        return {"tanh": True}
+    return {}
+
+
+def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> str | None:
+    """The C expression of an elementwise fx node, or None if the node is not elementwise."""
+    target = node.target
+    name: str | None = None
+    module = None
+    if node.op == "call_module":
+        module = gm.get_submodule(target)
+        name = _MODULES.get(type(module))
+        if name is None:
+            return None
+    elif node.op == "call_function" and target in _BINARY:
+        a, b = node.args[0], node.args[1]
+        if node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode"):
+            raise GeneratorUnsupported(
+                "offline generator: add/div with alpha or rounding is not in the cookbook"
+            )
+        return f"({operand(a)} {_BINARY[target]} {operand(b)})"
+    elif node.op == "call_method" and target in _BINARY_METHODS:
+        return f"({operand(node.args[0])} {_BINARY_METHODS[target]} {operand(node.args[1])})"
+    elif (node.op == "call_function" and target in (operator.pow, torch.pow)) or (
+        node.op == "call_method" and target == "pow"
+    ):
+        base, exp = node.args[0], node.args[1]
+        if not isinstance(exp, int | float):
+            return None
+        a = operand(base)
+        if exp == 2:
+            return f"(({a}) * ({a}))"
+        if exp == 0.5:
+            return f"{fn('sqrt', lang)}({a})"
+        return f"{fn('pow', lang)}({a}, {lit(exp)})"
+    elif node.op == "call_function":
+        name = _FUNCS.get(target)
+    elif node.op == "call_method" and target in _METHODS:
+        name = target
+    if name is None:
+        return None
+    a = operand(node.args[0])
+    if name == "identity":
+        return a
+    kw = _kwargs(name, node, module)
+    if name == "gelu" and kw.get("tanh"):
+        name = "gelu_tanh"
+    return _unary(name, a, lang, **kw)

@@ -1,0 +1,359 @@
+"""Recognise the operation family of a KernelBench reference by tracing it with ``torch.fx``.
+
+Families: ``elementwise`` (a chain of elementwise ops over same-shape inputs), ``matmul`` (matrix
+multiply or ``nn.Linear``, with an elementwise epilogue), ``softmax``, ``log_softmax``,
+``layer_norm``, ``rms_norm`` and ``reduce`` (sum / mean / max / min over one dimension). Every
+recognition is confirmed numerically against the reference on small random inputs before use.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.passes.shape_prop import ShapeProp
+
+from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
+from kfoundry.plugins.llms.offline.elementwise_ops import node_expr
+
+FAMILIES = ("elementwise", "matmul", "softmax", "log_softmax", "layer_norm", "rms_norm", "reduce")
+
+
+@dataclass
+class OpSpec:
+    """What the cookbook needs to write kernels for one problem."""
+
+    family: str
+    #: Shapes of the forward inputs.
+    input_shapes: list[list[int]]
+    output_shape: list[int]
+    #: ``lang -> C expression``: elementwise body over ``v0, v1, ...`` or the epilogue over ``v``.
+    expr: Callable[[str], str] | None = None
+    # matmul
+    M: int = 0
+    N: int = 0
+    K: int = 0
+    linear: bool = False
+    bias: bool = False
+    # row families: data viewed as [outer, R, inner], reduced over R
+    outer: int = 0
+    R: int = 0
+    inner: int = 1
+    eps: float = 0.0
+    reduce_op: str = ""
+    affine: bool = False
+    #: Constructor lines for ModelNew parameter modules, in the reference's order.
+    modules: list[str] = field(default_factory=list)
+    #: Attribute path of the parameter module used by the kernel (``self.<name>``).
+    param_module: str = ""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.output_shape)
+
+
+def load_reference(problem: ProblemSummary) -> types.ModuleType:
+    """Execute the reference source in a fresh module with the shape constants in force."""
+    module = types.ModuleType(f"kf_reference_{problem.name}")
+    try:
+        exec(compile(problem.reference_source, problem.path or problem.name, "exec"), module.__dict__)
+    except Exception as exc:  # the reference is checked by the evaluator; here it only blocks recognition
+        raise GeneratorUnsupported(f"offline generator: cannot execute the reference: {exc}") from None
+    for key, value in problem.shapes.items():
+        setattr(module, key, value)
+    return module
+
+
+def _module_ctor(mod: nn.Module) -> str:
+    """Python constructor text for a parameter module (recreates its RNG draws in order)."""
+    if isinstance(mod, nn.Linear):
+        return f"nn.Linear({mod.in_features}, {mod.out_features}, bias={mod.bias is not None})"
+    if isinstance(mod, nn.LayerNorm):
+        return (
+            f"nn.LayerNorm({tuple(mod.normalized_shape)!r}, eps={mod.eps!r}, "
+            f"elementwise_affine={mod.elementwise_affine})"
+        )
+    raise GeneratorUnsupported(
+        f"offline generator: parameter module {type(mod).__name__} is not in the cookbook"
+    )
+
+
+class _Trace:
+    def __init__(self, problem: ProblemSummary) -> None:
+        ref = load_reference(problem)
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(ref, name):
+                raise GeneratorUnsupported(f"offline generator: the reference has no {name}")
+        torch.manual_seed(0)
+        self.model: nn.Module = ref.Model(*ref.get_init_inputs())
+        self.inputs = [x for x in ref.get_inputs()]
+        try:
+            self.gm = fx.symbolic_trace(self.model)
+            ShapeProp(self.gm).propagate(*self.inputs)
+        except Exception as exc:
+            raise GeneratorUnsupported(f"offline generator: cannot trace the reference: {exc}") from None
+        self.nodes = [n for n in self.gm.graph.nodes if n.op not in ("placeholder", "output")]
+        self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        outs = [n for n in self.gm.graph.nodes if n.op == "output"][0].args[0]
+        if not isinstance(outs, fx.Node):
+            raise GeneratorUnsupported("offline generator: the reference must return one tensor")
+        self.out = outs
+        if any(not isinstance(x, torch.Tensor) or x.dtype != torch.float32 for x in self.inputs):
+            raise GeneratorUnsupported("offline generator: the cookbook handles float32 tensor inputs only")
+        self.modules = [
+            m for m in self.model.modules() if m is not self.model and list(m.parameters(recurse=False))
+        ]
+
+    def shape(self, node: Any) -> list[int]:
+        meta = node.meta.get("tensor_meta")
+        return list(meta.shape) if meta is not None else []
+
+
+def recognize(problem: ProblemSummary) -> OpSpec:
+    """The :class:`OpSpec` of ``problem``, or :class:`GeneratorUnsupported` saying why not."""
+    t = _Trace(problem)
+    anchors = [n for n in t.nodes if node_expr(n, t.gm, lambda a: "x", "opencl") is None]
+    anchors = [n for n in anchors if not (n.op == "call_function" and n.target is operator.getitem)]
+    for recognizer in (_elementwise, _matmul, _rows, _rms_norm):
+        spec = recognizer(t, anchors)
+        if spec is not None:
+            _confirm(t, spec)
+            return spec
+    ops = ", ".join(sorted({str(getattr(n.target, "__name__", n.target)) for n in anchors})) or "none"
+    raise GeneratorUnsupported(
+        f"offline generator: problem {problem.name!r} is not a known operation family "
+        f"(anchor ops: {ops}); use an LLM generator for it"
+    )
+
+
+def _expr_over(t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: str) -> str:
+    """C expression of ``t.out`` over the nodes in ``names`` (placeholders or the anchor)."""
+    exprs: dict[fx.Node, str] = dict(names)
+
+    def operand(a: Any) -> str:
+        if isinstance(a, fx.Node):
+            if a not in exprs:
+                raise GeneratorUnsupported(
+                    "offline generator: an elementwise operand comes from an unsupported op"
+                )
+            return exprs[a]
+        if isinstance(a, bool) or not isinstance(a, int | float):
+            raise GeneratorUnsupported(f"offline generator: operand {a!r} is not a number")
+        from kfoundry.plugins.llms.offline.elementwise_ops import lit
+
+        return lit(float(a))
+
+    for node in t.nodes:
+        if node in exprs or node in start:
+            continue
+        e = node_expr(node, t.gm, operand, lang)
+        if e is None:
+            raise GeneratorUnsupported(
+                f"offline generator: op {node.target} after the main op is not elementwise"
+            )
+        exprs[node] = e
+    return exprs[t.out]
+
+
+def _elementwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    if anchors:
+        return None
+    shapes = [list(x.shape) for x in t.inputs]
+    out = t.shape(t.out)
+    if any(s != out for s in shapes):
+        raise GeneratorUnsupported("offline generator: elementwise inputs must all have the output's shape")
+    names = {p: f"v{i}" for i, p in enumerate(t.placeholders)}
+    return OpSpec(
+        family="elementwise",
+        input_shapes=shapes,
+        output_shape=out,
+        expr=lambda lang: _expr_over(t, names, set(), lang),
+    )
+
+
+def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    if len(anchors) != 1:
+        return None
+    node = anchors[0]
+    mod = t.gm.get_submodule(node.target) if node.op == "call_module" else None
+    is_linear = isinstance(mod, nn.Linear) or (node.op == "call_function" and node.target is F.linear)
+    is_mm = node.target in (torch.matmul, torch.mm, operator.matmul) or (
+        node.op == "call_method" and node.target in ("matmul", "mm")
+    )
+    if not (is_linear or is_mm):
+        return None
+    if is_linear and mod is None:
+        raise GeneratorUnsupported("offline generator: F.linear with explicit weights is not in the cookbook")
+    a_node = node.args[0]
+    if not (isinstance(a_node, fx.Node) and a_node.op == "placeholder"):
+        raise GeneratorUnsupported("offline generator: the matmul's inputs must be forward arguments")
+    a = t.shape(a_node)
+    if is_linear:
+        assert isinstance(mod, nn.Linear)
+        if len(a) != 2 or len(t.inputs) != 1:
+            raise GeneratorUnsupported("offline generator: linear layers on 2-D inputs only")
+        M, K, N = a[0], a[1], mod.out_features
+        b_shape = [N, K]
+    else:
+        b_node = node.args[1]
+        if not (isinstance(b_node, fx.Node) and b_node.op == "placeholder") or len(t.placeholders) != 2:
+            raise GeneratorUnsupported("offline generator: the matmul's inputs must be forward arguments")
+        b_shape = t.shape(b_node)
+        if len(a) != 2 or len(b_shape) != 2 or (a_node, b_node) != tuple(t.placeholders):
+            raise GeneratorUnsupported("offline generator: matmul of two 2-D inputs (A, B) only")
+        M, K, N = a[0], a[1], b_shape[1]
+    expr = (lambda lang: _expr_over(t, {node: "v"}, {node}, lang)) if t.out is not node else None
+    return OpSpec(
+        family="matmul",
+        input_shapes=[list(x.shape) for x in t.inputs],
+        output_shape=[M, N],
+        expr=expr,
+        M=M,
+        N=N,
+        K=K,
+        linear=is_linear,
+        bias=bool(is_linear and mod is not None and mod.bias is not None),
+        modules=[_module_ctor(m) for m in t.modules],
+        param_module=str(node.target) if is_linear else "",
+    )
+
+
+_REDUCE = {
+    torch.sum: "sum",
+    torch.mean: "mean",
+    torch.amax: "max",
+    torch.amin: "min",
+    torch.max: "max",
+    torch.min: "min",
+}
+_REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min"}
+
+
+def _dim_arg(node: fx.Node, pos: int = 1) -> Any:
+    return node.kwargs.get("dim", node.args[pos] if len(node.args) > pos else None)
+
+
+def _split(shape: list[int], dim: int) -> tuple[int, int, int]:
+    dim = dim % len(shape)
+    return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1 :])
+
+
+def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    if len(anchors) != 1 or len(t.placeholders) != 1:
+        return None
+    node = anchors[0]
+    x = t.inputs[0]
+    shape = list(x.shape)
+    out = t.shape(t.out)
+    tail_ok = t.out is node or (
+        t.out.op == "call_function"
+        and t.out.target is operator.getitem
+        and t.out.args[0] is node
+        and t.out.args[1] == 0
+    )
+    if not tail_ok or node.args[0] is not t.placeholders[0]:
+        return None
+    target = node.target
+    if node.op == "call_module" and isinstance(t.gm.get_submodule(target), nn.LayerNorm):
+        ln = t.gm.get_submodule(target)
+        r = math.prod(ln.normalized_shape)
+        return OpSpec(
+            family="layer_norm",
+            input_shapes=[shape],
+            output_shape=out,
+            outer=x.numel() // r,
+            R=r,
+            inner=1,
+            eps=float(ln.eps),
+            affine=ln.elementwise_affine,
+            modules=[_module_ctor(m) for m in t.modules],
+            param_module=str(target),
+        )
+    fam = None
+    if target in (torch.softmax, F.softmax) or (node.op == "call_method" and target == "softmax"):
+        fam = "softmax"
+    elif target in (torch.log_softmax, F.log_softmax) or (
+        node.op == "call_method" and target == "log_softmax"
+    ):
+        fam = "log_softmax"
+    if fam is not None:
+        outer, r, inner = _split(shape, int(_dim_arg(node)))
+        if inner != 1:
+            raise GeneratorUnsupported(
+                f"offline generator: {fam} over a non-last dimension is not in the cookbook"
+            )
+        return OpSpec(family=fam, input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=1)
+    op = _REDUCE.get(target) if node.op == "call_function" else None
+    if node.op == "call_method":
+        op = _REDUCE_METHODS.get(target)
+    if op is None:
+        return None
+    dim = _dim_arg(node)
+    if isinstance(dim, list | tuple):
+        if len(dim) != 1:
+            raise GeneratorUnsupported("offline generator: reductions over one dimension only")
+        dim = dim[0]
+    if not isinstance(dim, int):
+        raise GeneratorUnsupported("offline generator: full reductions are not in the cookbook")
+    outer, r, inner = _split(shape, dim)
+    return OpSpec(
+        family="reduce", input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=inner, reduce_op=op
+    )
+
+
+def _rms_norm(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    """x / sqrt(mean(x^2, dim) + eps) (or x * rsqrt(...)): recognised by its mean, confirmed numerically."""
+    if len(t.placeholders) != 1:
+        return None
+    means = [
+        n for n in anchors if n.target in (torch.mean,) or (n.op == "call_method" and n.target == "mean")
+    ]
+    if len(means) != 1 or len(anchors) != 1:
+        return None
+    dim = _dim_arg(means[0])
+    if isinstance(dim, list | tuple):
+        if len(dim) != 1:
+            return None
+        dim = dim[0]
+    eps = [a for n in t.nodes for a in n.args if isinstance(a, float) and 0 < a < 0.1]
+    shape = list(t.inputs[0].shape)
+    outer, r, inner = _split(shape, int(dim))
+    return OpSpec(
+        family="rms_norm",
+        input_shapes=[shape],
+        output_shape=t.shape(t.out),
+        outer=outer,
+        R=r,
+        inner=inner,
+        eps=eps[0] if eps else 0.0,
+    )
+
+
+def spec_reference(spec: OpSpec, model: nn.Module, inputs: list[torch.Tensor]) -> torch.Tensor | None:
+    """What the cookbook will compute, in torch (None where the kernel itself is the check)."""
+    x = inputs[0]
+    if spec.family == "rms_norm":
+        v = x.reshape(spec.outer, spec.R, spec.inner)
+        y = v / torch.sqrt((v * v).mean(dim=1, keepdim=True) + spec.eps)
+        return y.reshape(x.shape)
+    return None
+
+
+def _confirm(t: _Trace, spec: OpSpec) -> None:
+    expected = spec_reference(spec, t.model, t.inputs)
+    if expected is None:
+        return
+    with torch.no_grad():
+        got = t.model(*t.inputs)
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+        raise GeneratorUnsupported(
+            f"offline generator: the reference looks like {spec.family} but does not compute it"
+        )

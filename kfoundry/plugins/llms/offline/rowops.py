@@ -1,0 +1,111 @@
+"""Row operations over data viewed as [outer, R, inner], reduced along R, as C snippets.
+
+Each family is a small algebra of running statistics: ``init`` values, ``acc`` (fold one element
+``x`` in), ``merge`` (fold another thread's statistics, suffixed ``_o``, in), ``final`` (derived
+values) and ``out`` (the output element from ``x`` and its position ``j`` in the row). Softmax keeps
+a running maximum with a rescaled running sum (online softmax); layer norm uses Welford's update.
+The naive recipe uses :meth:`RowOp.multipass` instead: one separate loop over the row per statistic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
+from kfoundry.plugins.llms.offline.recognize import OpSpec
+
+
+@dataclass
+class RowOp:
+    stats: list[tuple[str, str]]
+    acc: str
+    merge: str
+    final: str
+    out: str
+    #: Reduction families write one value per row.
+    reduce: bool = False
+    result: str = ""
+
+    def declare(self, suffix: str = "") -> str:
+        return " ".join(f"float {n}{suffix} = {init};" for n, init in self.stats)
+
+
+def row_op(spec: OpSpec, lang: str) -> RowOp:
+    f = lambda name: fn(name, lang)  # noqa: E731
+    R = lit(float(spec.R))
+    eps = lit(spec.eps)
+    if spec.family in ("softmax", "log_softmax"):
+        acc = (
+            f"{{ float m_new = {f('fmax')}(running_max, x); "
+            f"running_sum = running_sum * {f('exp')}(running_max - m_new) + {f('exp')}(x - m_new); running_max = m_new; }}"
+        )
+        merge = (
+            f"if (running_max_o > -INFINITY) {{ float m_new = {f('fmax')}(running_max, running_max_o); "
+            f"running_sum = running_sum * {f('exp')}(running_max - m_new) + running_sum_o * {f('exp')}(running_max_o - m_new); "
+            "running_max = m_new; }"
+        )
+        if spec.family == "softmax":
+            return RowOp([("running_max", "-INFINITY"), ("running_sum", "0.0f")], acc, merge,
+                         "float inv_sum = 1.0f / running_sum;", f"({f('exp')}(x - running_max) * inv_sum)")
+        return RowOp([("running_max", "-INFINITY"), ("running_sum", "0.0f")], acc, merge,
+                     f"float lse = running_max + {f('log')}(running_sum);", "(x - lse)")
+    if spec.family == "layer_norm":
+        out = "((x - welford_mean) * rstd)"
+        if spec.affine:
+            out = f"fma({out}, w[j], b[j])" if lang == "opencl" else f"fmaf({out}, w[j], b[j])"
+        return RowOp(
+            [("welford_n", "0.0f"), ("welford_mean", "0.0f"), ("welford_m2", "0.0f")],
+            "{ welford_n += 1.0f; float d = x - welford_mean; welford_mean += d / welford_n; "
+            "welford_m2 += d * (x - welford_mean); }",
+            "if (welford_n_o > 0.0f) { float nt = welford_n + welford_n_o; float d = welford_mean_o - welford_mean; "
+            "welford_mean += d * (welford_n_o / nt); welford_m2 += welford_m2_o + d * d * (welford_n * welford_n_o / nt); "
+            "welford_n = nt; }",
+            f"float rstd = {f('rsqrt')}(welford_m2 / {R} + {eps});",
+            out,
+        )
+    if spec.family == "rms_norm":
+        fma = "fma" if lang == "opencl" else "fmaf"
+        return RowOp([("sumsq", "0.0f")], f"sumsq = {fma}(x, x, sumsq);", "sumsq += sumsq_o;",
+                     f"float rstd = {f('rsqrt')}(sumsq / {R} + {eps});", "(x * rstd)")
+    op = spec.reduce_op
+    if op in ("sum", "mean"):
+        result = f"(total / {R})" if op == "mean" else "total"
+        return RowOp([("total", "0.0f")], "total += x;", "total += total_o;", "", "", True, result)
+    if op == "max":
+        return RowOp([("total", "-INFINITY")], f"total = {f('fmax')}(total, x);",
+                     f"total = {f('fmax')}(total, total_o);", "", "", True, "total")
+    if op == "min":
+        return RowOp([("total", "INFINITY")], f"total = {f('fmin')}(total, x);",
+                     f"total = {f('fmin')}(total, total_o);", "", "", True, "total")
+    raise ValueError(f"no row algebra for {spec.family}/{op}")
+
+
+def multipass(spec: OpSpec, lang: str, load: str) -> tuple[str, str]:
+    """(statements, output expression) of the naive recipe: one loop over the row per statistic.
+
+    ``load`` is a format string giving the element at row position ``{r}``.
+    """
+    f = lambda name: fn(name, lang)  # noqa: E731
+    x = load.format(r="r")
+    R = lit(float(spec.R))
+    if spec.family in ("softmax", "log_softmax"):
+        stmts = (
+            f"float mx = -INFINITY;\n    for (int r = 0; r < R; ++r) mx = {f('fmax')}(mx, {x});\n"
+            f"    float s = 0.0f;\n    for (int r = 0; r < R; ++r) s += {f('exp')}({x} - mx);\n"
+        )
+        out = f"{f('exp')}(x - mx) / s" if spec.family == "softmax" else f"x - mx - {f('log')}(s)"
+        return stmts, out
+    if spec.family == "layer_norm":
+        stmts = (
+            f"float mean = 0.0f;\n    for (int r = 0; r < R; ++r) mean += {x};\n    mean /= {R};\n"
+            f"    float var = 0.0f;\n    for (int r = 0; r < R; ++r) var += ({x} - mean) * ({x} - mean);\n"
+            f"    var /= {R};\n"
+        )
+        out = f"(x - mean) / {f('sqrt')}(var + {lit(spec.eps)})"
+        return stmts, (f"{out} * w[j] + b[j]" if spec.affine else out)
+    if spec.family == "rms_norm":
+        stmts = f"float ss = 0.0f;\n    for (int r = 0; r < R; ++r) ss += {x} * {x};\n"
+        return stmts, f"x / {f('sqrt')}(ss / {R} + {lit(spec.eps)})"
+    op = row_op(spec, lang)
+    stmts = f"{op.declare()}\n    for (int r = 0; r < R; ++r) {{ float x = {x}; {op.acc} }}\n"
+    return stmts, op.result
