@@ -109,7 +109,7 @@ def test_ambiguous_search_is_refused_and_more_context_resolves_it() -> None:
     with pytest.raises(ParseFailure, match="matches 2 places"):
         apply_diff("a\nb\na\nc\n", "a\n", "z\n")
     with pytest.raises(ParseFailure, match="matches 2 places"):
-        apply_diff("  x = 1\ny\nx  =  1\n", "x = 1", "z")
+        apply_diff("  x  = 1\ny\nx =  1\n", "x = 1", "z")
     assert apply_diff("a\nb\na\nc\n", "a\nc\n", "z\n") == "a\nb\nz\n"
 
 
