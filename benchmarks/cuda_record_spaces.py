@@ -416,7 +416,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--budget", type=float, default=0.03, help="seconds of timed runs per configuration")
     args = parser.parse_args()
-    spaces = [matmul_space(args.n), softmax_space(args.rows, args.dim)]
+    spaces = [softmax_space(args.rows, args.dim), matmul_space(args.n)]
     rows = []
     for space in spaces:
         if args.only in (None, space.kernel_name):
