@@ -209,3 +209,13 @@ def test_parent_fitness_is_the_bandit_baseline(server: LLMServer, kf_plugin_mana
     assert p.candidate.parent_id == parent_c.content_hash
     ens.observe(p.candidate, record(p.candidate, speedup=2.0))
     assert ens.members[0].gain == pytest.approx(0.5)
+
+
+def test_proposals_paid_for_survive_the_cap(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:
+    server.openai.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500)
+    ens = build(config(server, mode="sample", weights=(1, 1e-9), llm_tokens=12000), kf_plugin_manager, tmp_path)
+    props = ens.propose(request(n=5))
+    assert len(props) == 3 and ens.exhausted  # the fourth call did not fit; the three made are kept
+    with pytest.raises(LLMBudgetExhausted):
+        ens.propose(request(n=1, generation=1))
+    assert len(server.requests) == 3

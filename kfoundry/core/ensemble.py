@@ -162,6 +162,8 @@ class Ensemble(Generator):
             return []
         except GeneratorUnsupported:
             return []
+        if getattr(member.generator, "budget_refused", False):
+            self.exhausted = True
         for p in props:
             p.generator = member.name
             if p.candidate is not None:

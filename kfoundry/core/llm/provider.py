@@ -104,6 +104,8 @@ class LLMProvider(Generator):
         self.builder = PromptBuilder(options.templates)
         self.retry = RetryPolicy(max_retries=options.max_retries)
         self._feedback: str = ""
+        #: Set once the caps refused one of this provider's calls.
+        self.budget_refused = False
 
     # -- configuration -----------------------------------------------------------------------------
 
@@ -284,7 +286,13 @@ class LLMProvider(Generator):
                 )
             prompt = self.builder.generation(req)
             key = request_key(self.name, "generate", req)
-            done = self.call("generate", prompt, key, generation=request.generation)
+            try:
+                done = self.call("generate", prompt, key, generation=request.generation)
+            except LLMBudgetExhausted:
+                self.budget_refused = True
+                if not proposals:
+                    raise
+                return proposals  # keep what was already paid for
             if done is not None:
                 proposals.append(
                     self._proposal(req, done.text, done.tokens_in, done.tokens_out, done.cost_usd or 0.0)
