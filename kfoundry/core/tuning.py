@@ -1,0 +1,223 @@
+"""The tuning stage: tune one candidate's template parameters on the real device.
+
+:func:`tune_candidate` is what ``kf-run tune`` and the optimize loop call. Each configuration is a
+full evaluation (compile, correctness, timing) through the :class:`Evaluator`; anything but a correct
+result is reported to the tuner as invalid. Device limits prune the space before anything is
+compiled. Every trial can be recorded to a Kernel Tuner cache file, exported as T4, and is written
+to the run's store (table ``tuner_trials``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kfoundry.core.config import TunerConfig, build_plugin
+from kfoundry.core.errors import KfError
+from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome, TunableSpace, TuningResult
+from kfoundry.core.plugins import PluginManager
+from kfoundry.core.recorded import CacheWriter, export_t4
+from kfoundry.core.space import Config, ParamSpace
+from kfoundry.core.tuner import Budget, Invalidity, Measurement, Trial, Tuner, TuneTrace, run_tuner
+
+_INVALIDITY: dict[Outcome, Invalidity] = {
+    Outcome.parse_error: "compile",
+    Outcome.compile_error: "compile",
+    Outcome.runtime_error: "runtime",
+    Outcome.timeout: "timeout",
+    Outcome.wrong_shape: "correctness",
+    Outcome.mismatch: "correctness",
+    Outcome.rejected: "constraints",
+}
+
+TRIALS_DDL = """CREATE TABLE IF NOT EXISTS tuner_trials (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, tuning_id TEXT, candidate_hash TEXT,
+    tuner TEXT, idx INTEGER, params TEXT, time_ms REAL, invalidity TEXT, message TEXT, seeded INTEGER
+)"""
+
+
+class TuningError(KfError):
+    """A candidate cannot be tuned (no tunable parameters, nothing valid on this device)."""
+
+
+class EvaluatorLike(Protocol):
+    """What the tuning stage needs from :class:`kfoundry.core.evaluation.Evaluator`."""
+
+    problem: Any
+    store: Any
+    run_id: str | None
+
+    @property
+    def device(self) -> DeviceProfile: ...
+
+    def evaluate(self, candidate: Candidate) -> EvalRecord: ...
+
+
+def measurement_of(record: EvalRecord) -> Measurement:
+    """An evaluation as the tuner sees it: the median time when correct, else invalid (never slow)."""
+    if record.outcome is Outcome.correct and record.timing is not None:
+        return Measurement(
+            record.timing.median_ms,
+            times=list(record.timing.times_ms),
+            compile_time_ms=(record.compile_time_s or 0.0) * 1000,
+        )
+    return Measurement(None, _INVALIDITY.get(record.outcome, "runtime"), record.message)
+
+
+def merge_spaces(*spaces: TunableSpace | None) -> TunableSpace | None:
+    """Later spaces override earlier ones parameter by parameter; restrictions accumulate."""
+    params: dict[str, Any] = {}
+    restrictions: list[str] = []
+    for space in spaces:
+        if space is not None:
+            params.update(space.params)
+            restrictions += [r for r in space.restrictions if r not in restrictions]
+    return TunableSpace(params=params, restrictions=restrictions) if params else None
+
+
+def candidate_space(
+    candidate: Candidate,
+    device: DeviceProfile | None,
+    problem_space: TunableSpace | None = None,
+    extra: TunableSpace | None = None,
+    constants: Mapping[str, Any] | None = None,
+) -> ParamSpace:
+    """The space to tune: problem's, then candidate's, then ``extra`` (e.g. from the command line).
+
+    ``candidate.meta`` may name the work-group shape (``block``: expressions per dimension) and the
+    local/shared memory a configuration needs (``local_mem``: an expression in bytes).
+    """
+    tunable = merge_spaces(problem_space, candidate.space, extra)
+    if tunable is None:
+        raise TuningError("the candidate has no template parameters to tune (no space declared)")
+    block = candidate.meta.get("block")
+    return ParamSpace(
+        tunable.params,
+        tunable.restrictions,
+        constants=constants,
+        device=device,
+        block=list(block) if block is not None else None,
+        local_mem_expr=candidate.meta.get("local_mem"),
+    )
+
+
+def default_seeds(space: ParamSpace, params: Mapping[str, Any], more: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
+    """Known-good configurations first: the candidate's own values, then ``more``; valid ones only."""
+    out: list[Config] = []
+    for cand in [params, *more]:
+        config = {n: cand[n] for n in space.names if n in cand}
+        if len(config) == len(space.names) and space.is_valid(config) and config not in out:
+            out.append(config)
+    return out
+
+
+def tune_candidate(
+    evaluator: EvaluatorLike,
+    candidate: Candidate,
+    tuner_config: TunerConfig,
+    *,
+    space: ParamSpace | None = None,
+    seeds: Sequence[Mapping[str, Any]] = (),
+    evaluations: int | None = None,
+    wall_time_s: float | None = None,
+    seed: int = 0,
+    record_path: str | Path | None = None,
+    t4_path: str | Path | None = None,
+    on_trial: Callable[[Trial, EvalRecord], None] | None = None,
+    manager: PluginManager | None = None,
+) -> TuningResult:
+    """Tune ``candidate``'s template parameters with the configured tuner; returns the best found.
+
+    The budget is ``evaluations`` (default ``tuner_config.evaluations``) unique configurations and
+    ``wall_time_s``; neither is ever overrun. Seeds: the candidate's own parameter values, then
+    ``seeds``. ``record_path`` appends every trial to a Kernel Tuner cache file; ``t4_path`` writes
+    the trials in T4 format at the end.
+    """
+    problem = evaluator.problem
+    device = evaluator.device
+    if space is None:
+        space = candidate_space(candidate, device, getattr(problem, "space", None))
+    space.size  # enumerate now: an empty or oversized space fails before anything is compiled  # noqa: B018
+    params_in_force = problem.candidate_params(candidate) if hasattr(problem, "candidate_params") else candidate.params
+    seed_configs = default_seeds(space, params_in_force, seeds)
+    tuner: Tuner = build_plugin(tuner_config, "tuner", manager)
+    budget = Budget(evaluations=evaluations or tuner_config.evaluations, wall_time_s=wall_time_s)
+    writer = _writer(record_path, space, device, problem, candidate)
+    records: dict[int, EvalRecord] = {}
+    tuning_id = secrets.token_hex(6)
+
+    def objective(config: Config) -> Measurement:
+        record = evaluator.evaluate(candidate.with_params({**candidate.params, **config}))
+        records[len(records)] = record
+        return measurement_of(record)
+
+    def observe(trial: Trial) -> None:
+        record = records[trial.index]
+        if writer is not None:
+            writer.add_measurement(trial.config, trial.measurement)
+        _store_trial(evaluator, tuning_id, record.candidate_hash, tuner_config.name, trial)
+        if on_trial is not None:
+            on_trial(trial, record)
+
+    trace = run_tuner(space, objective, tuner, budget, seeds=seed_configs, seed=seed, on_trial=observe)
+    if writer is not None:
+        writer.close()
+    if t4_path is not None:
+        export_t4(t4_path, trace.trials, space.params)
+    return tuning_result(trace, tuner_config.name)
+
+
+def tuning_result(trace: TuneTrace, tuner_name: str) -> TuningResult:
+    """A :class:`TuningResult` from a trace."""
+    best = trace.best
+    return TuningResult(
+        best_params=dict(best.config) if best else None,
+        best_time_ms=best.value if best else None,
+        evaluations=len(trace.trials),
+        invalid=sum(1 for t in trace.trials if t.value is None),
+        trials=[
+            {
+                "params": dict(t.config),
+                "time_ms": t.value,
+                "invalidity": t.measurement.invalidity if t.value is None else "correct",
+                "message": t.measurement.message,
+                "seeded": t.seeded,
+            }
+            for t in trace.trials
+        ],
+        tuner=tuner_name,
+    )
+
+
+def _writer(
+    path: str | Path | None, space: ParamSpace, device: DeviceProfile, problem: Any, candidate: Candidate
+) -> CacheWriter | None:
+    if path is None:
+        return None
+    return CacheWriter(
+        Path(path),
+        device_name=device.name,
+        kernel_name=candidate.label or getattr(problem, "name", "kernel"),
+        problem_size=getattr(problem, "shapes", {}) or [],
+        tune_params=space.params,
+    )
+
+
+def _store_trial(evaluator: EvaluatorLike, tuning_id: str, candidate_hash: str, tuner: str, trial: Trial) -> None:
+    store = getattr(evaluator, "store", None)
+    if store is None:
+        return
+    store.ensure_table(TRIALS_DDL)
+    store.execute(
+        "INSERT INTO tuner_trials (run_id, tuning_id, candidate_hash, tuner, idx, params, time_ms, invalidity,"
+        " message, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            getattr(evaluator, "run_id", None), tuning_id, candidate_hash, tuner, trial.index,
+            json.dumps(trial.config), trial.value,
+            trial.measurement.invalidity if trial.value is None else "correct",
+            trial.measurement.message[:500], int(trial.seeded),
+        ),
+    )
