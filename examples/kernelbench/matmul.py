@@ -1,0 +1,24 @@
+import torch
+import torch.nn as nn
+
+M = 256
+K = 256
+N = 256
+
+
+class Model(nn.Module):
+    """Matrix product C = A @ B of (M, K) by (K, N) matrices."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def get_inputs():
+    return [torch.rand(M, K), torch.rand(K, N)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,26 @@
+import torch
+import torch.nn as nn
+
+batch_size = 16
+dim1 = 256
+dim2 = 256
+reduce_dim = 1
+
+
+class Model(nn.Module):
+    """Sum over one dimension of a 3-D tensor, keeping it (size 1)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.sum(x, dim=self.dim, keepdim=True)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim1, dim2)]
+
+
+def get_init_inputs():
+    return [reduce_dim]
