@@ -13,7 +13,6 @@ from kfoundry.core import hooks
 from kfoundry.core.config import RunConfig
 from kfoundry.core.ensemble import Ensemble, borda, build_ensemble
 from kfoundry.core.generator import Attempt, GenerationRequest, ProblemSummary
-from kfoundry.core.llm.cost import LLMBudgetExhausted
 from kfoundry.core.llm.recording import load_recording
 from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome
 from kfoundry.core.plugins import PluginManager
@@ -138,10 +137,8 @@ def test_caps_stop_exactly_and_are_shared_by_members(
     server.openai.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500)
     server.anthropic.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 2)), tokens_in=3000, tokens_out=500)
     ens = build(config(server, mode="sample", llm_tokens=12000), kf_plugin_manager, tmp_path)
-    made = 0
-    with pytest.raises(LLMBudgetExhausted, match="LLM budget exhausted"):
-        for g in range(10):
-            made += len(ens.propose(request(n=1, generation=g)))
+    made = sum(len(ens.propose(request(n=1, generation=g))) for g in range(10))
+    assert ens.stop_reason.startswith("LLM budget exhausted")
     # each call really used 3500 tokens; the estimate of a ~4.5k-character prompt leaves room for 3 calls
     assert ens.ledger.total.tokens <= 12000
     assert made == ens.ledger.total.calls == len(server.requests) == 3
@@ -216,6 +213,5 @@ def test_proposals_paid_for_survive_the_cap(server: LLMServer, kf_plugin_manager
     ens = build(config(server, mode="sample", weights=(1, 1e-9), llm_tokens=12000), kf_plugin_manager, tmp_path)
     props = ens.propose(request(n=5))
     assert len(props) == 3 and ens.exhausted  # the fourth call did not fit; the three made are kept
-    with pytest.raises(LLMBudgetExhausted):
-        ens.propose(request(n=1, generation=1))
+    assert ens.propose(request(n=1, generation=1)) == []
     assert len(server.requests) == 3

@@ -10,7 +10,6 @@ from llm_server import LLMServer, Status, fenced, script_responder, vecadd
 from kfoundry.core.config import RunConfig
 from kfoundry.core.ensemble import Ensemble, build_ensemble, replay_config
 from kfoundry.core.generator import Attempt, GenerationRequest, ProblemSummary
-from kfoundry.core.llm.cost import LLMBudgetExhausted
 from kfoundry.core.models import DeviceProfile, EvalRecord, Outcome, Proposal
 from kfoundry.core.plugins import PluginManager
 from kfoundry.plugins.llms.replay import ReplayMiss
@@ -30,19 +29,18 @@ def drive(ens: Ensemble, generations: int = 4) -> list[Proposal]:
     """A miniature search: each generation improves the newest valid proposal; stops at the cap."""
     out: list[Proposal] = []
     parent: Attempt | None = None
-    try:
-        for g in range(generations):
-            props = ens.propose(request(g, parent))
-            out += props
-            for p in props:
-                if p.candidate is not None:
-                    rec = EvalRecord(candidate_hash=p.candidate.content_hash, eval_key="k", problem="vadd",
-                                     backend="opencl", device="pocl", outcome=Outcome.correct, speedup=1.0 + g)
-                    ens.observe(p.candidate, rec)
-                    parent = Attempt(candidate=p.candidate, record=rec)
-            ens.end_generation(g)
-    except LLMBudgetExhausted:
-        pass
+    for g in range(generations):
+        props = ens.propose(request(g, parent))
+        if not props:
+            break
+        out += props
+        for p in props:
+            if p.candidate is not None:
+                rec = EvalRecord(candidate_hash=p.candidate.content_hash, eval_key="k", problem="vadd",
+                                 backend="opencl", device="pocl", outcome=Outcome.correct, speedup=1.0 + g)
+                ens.observe(p.candidate, rec)
+                parent = Attempt(candidate=p.candidate, record=rec)
+        ens.end_generation(g)
     return out
 
 

@@ -1,12 +1,14 @@
 """Ensembles of generators: ``sample`` (weighted choice), ``bandit`` (UCB on fitness gain per unit
-cost) and ``vote`` (every member proposes, every member ranks, a Borda count keeps the best few).
+cost) and ``vote`` (every member proposes ``n``, every member ranks the pool, a Borda count keeps
+``min(n, keep)``, so device time goes to what the ensemble agrees on).
 
 :func:`build_ensemble` turns ``config.llms`` into one :class:`Ensemble` (itself a ``Generator``)
 sharing one cost ledger (the run's token and money caps), one recorder (every call to the store
 and ``llm_calls.jsonl``), a prompt archive with meta-prompting, and a novelty filter. The ensemble
 learns from results through :meth:`Ensemble.observe` and :meth:`Ensemble.end_generation`; it also
 registers itself for the ``kf_candidate_evaluated`` / ``kf_generation_finished`` hooks, so a loop
-that calls those hooks needs nothing else.
+that calls those hooks needs nothing else. Once the LLM caps are reached it proposes nothing more
+and says why in :attr:`Ensemble.stop_reason`.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class Ensemble(Generator):
         self.recorder, self.prompts, self.meta, self.novelty = recorder, prompts, meta, novelty
         self.ucb_c = ucb_c
         self.exhausted = False
+        #: Why the ensemble stopped proposing ("" while it still can).
+        self.stop_reason = ""
         self.votes: list[dict[str, Any]] = []
         self._pending: dict[str, tuple[str, float, float]] = {}
         self._lock = threading.Lock()
@@ -118,7 +122,7 @@ class Ensemble(Generator):
     # -- Generator ---------------------------------------------------------------------------------
 
     def propose(self, request: GenerationRequest) -> list[Proposal]:
-        """Proposals by the configured mode; raises :class:`LLMBudgetExhausted` once the caps are reached."""
+        """Proposals by the configured mode; none once the LLM budget is spent (see :attr:`stop_reason`)."""
         return self._generate(request, lambda g, r: g.propose(r))
 
     def seeds(self, request: GenerationRequest) -> list[Proposal]:
@@ -129,14 +133,19 @@ class Ensemble(Generator):
         scores = self._rank_all(request, proposals)
         return borda(scores, len(proposals)) if any(s is not None for s in scores) else None
 
+    def _exhaust(self, exc: LLMBudgetExhausted) -> None:
+        if not self.exhausted:
+            self.exhausted = True
+            self.stop_reason = str(exc)
+
     # -- modes -------------------------------------------------------------------------------------
 
     def _generate(
         self, request: GenerationRequest, call: Callable[[Generator, GenerationRequest], list[Proposal]]
     ) -> list[Proposal]:
         if self.exhausted or (self.ledger.exhausted and all(m.is_llm for m in self.members)):
-            self.exhausted = True
-            raise LLMBudgetExhausted(self.ledger._why(0))
+            self._exhaust(LLMBudgetExhausted(self.ledger._why(0)))
+            return []
         request = self._with_prompt(request)
         if self.mode == "vote":
             return self._vote(request, call)
@@ -147,8 +156,6 @@ class Ensemble(Generator):
         out: list[Proposal] = []
         for idx in sorted(counts):
             out += self._ask(self.members[idx], request.model_copy(update={"n": counts[idx]}), call)
-        if not out and self.exhausted:
-            raise LLMBudgetExhausted(self.ledger._why(0))
         return self._admit(request, out)
 
     def _ask(
@@ -157,13 +164,13 @@ class Ensemble(Generator):
         """One member's proposals; an exhausted budget or an unsupported problem yields none."""
         try:
             props = call(member.generator, request)
-        except LLMBudgetExhausted:
-            self.exhausted = True
+        except LLMBudgetExhausted as exc:
+            self._exhaust(exc)
             return []
         except GeneratorUnsupported:
             return []
         if getattr(member.generator, "budget_refused", False):
-            self.exhausted = True
+            self._exhaust(LLMBudgetExhausted(self.ledger._why(0)))
         for p in props:
             p.generator = member.name
             if p.candidate is not None:
@@ -199,15 +206,14 @@ class Ensemble(Generator):
         pooled = self._admit(request, [p for batch in batches for p in batch])
         failed = [p for p in pooled if p.candidate is None]
         valid = [p for p in pooled if p.candidate is not None]
-        if not valid and not failed and self.exhausted:
-            raise LLMBudgetExhausted(self.ledger._why(0))
-        if len(valid) <= self.keep:
+        keep = min(self.keep, request.n)
+        if len(valid) <= keep:
             self._record_vote(request, valid, [], [0.0] * len(valid), list(range(len(valid))))
             return valid + failed
         scores = self._rank_all(request, valid)
         points = borda(scores, len(valid))
         order = sorted(range(len(valid)), key=lambda i: (-points[i], i))
-        kept = sorted(order[: self.keep])
+        kept = sorted(order[:keep])
         self._record_vote(request, valid, scores, points, kept)
         return [valid[i] for i in kept] + failed
 
@@ -217,8 +223,8 @@ class Ensemble(Generator):
                 return None
             try:
                 scores = m.generator.rank(request, proposals)
-            except LLMBudgetExhausted:
-                self.exhausted = True
+            except LLMBudgetExhausted as exc:
+                self._exhaust(exc)
                 return None
             return scores if scores is not None and len(scores) == len(proposals) else None
 
@@ -313,8 +319,8 @@ class Ensemble(Generator):
         if self.meta is not None and not self.exhausted and self.meta.due(generation):
             try:
                 self.meta.step(generation)
-            except LLMBudgetExhausted:
-                self.exhausted = True
+            except LLMBudgetExhausted as exc:
+                self._exhaust(exc)
 
     def usage(self) -> dict[str, Any]:
         """Tokens and money so far, in total and per member."""
