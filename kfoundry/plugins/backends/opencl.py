@@ -13,6 +13,7 @@ Also registers the ``opencl`` hardware detector: a :class:`DeviceProfile` per de
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -212,7 +213,8 @@ class OpenCLBackend(Backend):
         except cl.Error as exc:
             log = str(exc)
             lines = [ln for ln in log.splitlines() if "error" in ln.lower() and "clBuildProgram" not in ln]
-            first = lines[0].split("kcache/")[-1] if lines else "build failed"
+            lines += [ln for ln in log.splitlines() if ln.startswith("Invalid build option")]
+            first = re.sub(r"^.*?tempfile_\w+\.cl:", "line ", lines[0]) if lines else "build failed"
             raise CompileFailed(f"OpenCL build failed: {first}", log=log) from None
         elapsed = time.perf_counter() - start
         log = (program.get_build_info(dev, cl.program_build_info.LOG) or "").strip()
