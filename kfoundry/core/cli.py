@@ -20,6 +20,7 @@ from kfoundry.core.errors import KfError
 #: Subcommand modules; each defines ``command`` (a click command). ``optimize`` is the default.
 COMMAND_MODULES = [
     "kfoundry.core.commands.optimize",
+    "kfoundry.core.commands.resume",
     "kfoundry.core.commands.plugins",
     "kfoundry.core.commands.config",
     "kfoundry.core.commands.eval",

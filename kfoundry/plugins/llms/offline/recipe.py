@@ -59,7 +59,7 @@ import torch.nn as nn
 
 from kfoundry.runtime import load
 
-PARAMS = globals().get("PARAMS") or {dict(self.defaults)!r}
+# PARAMS (template parameter values) is injected by the kfoundry harness; defaults: {dict(self.defaults)!r}
 
 KERNEL_SOURCE = r"""
 {self.kernel.strip()}

@@ -1,0 +1,541 @@
+"""The optimize loop: generations of proposals, evaluated, archived, tuned; resumable after a kill.
+
+One generation: the search strategy asks for ``proposals_per_generation`` requests, the generator
+answers each, every proposal is written to the store *before* it is evaluated, then evaluated one at
+a time (each verdict written at once), then the strategy is told. The loop state (generation counter,
+strategy state with its archive, elapsed time) is saved after every step, so ``kf-run resume``
+continues exactly where a killed run stopped: stored proposals are not asked for again, finished
+evaluations are not repeated; only the one in flight is run again. Budgets (generations, evaluations,
+wall time, stagnation, LLM cost) are checked before every evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from kfoundry.core import hooks
+from kfoundry.core.config import RunConfig, build_plugin, resolved_config
+from kfoundry.core.descriptors import AXES, LEVELS, DescriptorExtractor, get_extractor, measured_descriptors
+from kfoundry.core.errors import KfError
+from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported
+from kfoundry.core.models import Candidate, EvalRecord, Outcome, Proposal
+from kfoundry.core.search import SearchAsk, SearchResult, SearchStrategy
+from kfoundry.core.store import Store
+
+RUN_FILE = "run.json"
+STORE_FILE = "kfoundry.db"
+
+_DDL = [
+    """CREATE TABLE IF NOT EXISTS loop_state (run_id TEXT PRIMARY KEY, data TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS loop_proposals (
+        run_id TEXT NOT NULL, generation INTEGER NOT NULL, idx INTEGER NOT NULL, candidate TEXT,
+        candidate_hash TEXT, ask TEXT NOT NULL, generator TEXT NOT NULL, rationale TEXT NOT NULL DEFAULT '',
+        parse_error TEXT, coords TEXT, record TEXT, evaluated_at TEXT,
+        PRIMARY KEY (run_id, generation, idx))""",
+    """CREATE TABLE IF NOT EXISTS archive_cells (
+        run_id TEXT NOT NULL, island INTEGER NOT NULL, coords TEXT NOT NULL, candidate_hash TEXT NOT NULL,
+        label TEXT NOT NULL, outcome TEXT NOT NULL, speedup REAL, median_ms REAL, fitness REAL NOT NULL,
+        migrated INTEGER NOT NULL, PRIMARY KEY (run_id, island, coords))""",
+    """CREATE TABLE IF NOT EXISTS loop_tuning (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, generation INTEGER NOT NULL,
+        candidate_hash TEXT NOT NULL, result TEXT NOT NULL)""",
+]
+
+
+class LoopError(KfError):
+    """The loop cannot start or continue (unsupported problem, missing run files)."""
+
+
+class LoopState(BaseModel):
+    """Everything the loop needs to continue, besides the stored proposals."""
+
+    generation: int = 0
+    elapsed_s: float = 0.0
+    best_fitness: float = -1.0
+    stagnant: int = 0
+    tuning_evaluations: int = 0
+    tuned_generations: list[int] = Field(default_factory=list)
+    status: str = "running"
+    stop_reason: str = ""
+    strategy: dict[str, Any] | None = None
+
+
+@dataclass
+class Row:
+    """One stored proposal and (once evaluated) its verdict."""
+
+    generation: int
+    idx: int
+    ask: SearchAsk
+    candidate: Candidate | None
+    generator: str
+    rationale: str = ""
+    parse_error: str | None = None
+    coords: tuple[int, ...] | None = None
+    record: EvalRecord | None = None
+
+
+class LoopObserver(Protocol):
+    """What the loop reports while it runs (the CLI draws a progress bar from it)."""
+
+    def started(self, loop: OptimizeLoop) -> None: ...
+
+    def evaluated(self, loop: OptimizeLoop, row: Row) -> None: ...
+
+    def generation_done(self, loop: OptimizeLoop, generation: int) -> None: ...
+
+    def note(self, loop: OptimizeLoop, text: str) -> None: ...
+
+
+@dataclass
+class LoopSummary:
+    run_id: str
+    run_dir: Path
+    stop_reason: str
+    generations: int
+    evaluations: int
+    best: SearchResult | None
+    seed_record: EvalRecord | None
+    coverage: float
+    exported: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedup_over_seed(self) -> float | None:
+        """Best time over the naive seed's time (both measured by the same harness)."""
+        if not (self.best and self.seed_record and self.seed_record.timing and self.best.record.timing):
+            return None
+        return self.seed_record.timing.median_ms / self.best.record.timing.median_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "stop_reason": self.stop_reason,
+            "generations": self.generations,
+            "evaluations": self.evaluations,
+            "coverage": self.coverage,
+            "best_label": best.candidate.label if best else None,
+            "best_params": best.candidate.params if best else None,
+            "best_outcome": best.record.outcome.value if best else None,
+            "best_speedup": best.record.speedup if best else None,
+            "best_ms": best.record.timing.median_ms if best and best.record.timing else None,
+            "speedup_over_seed": self.speedup_over_seed,
+            "exported": str(self.exported) if self.exported else None,
+        }
+
+
+def build_generator(config: RunConfig, store: Store, run_id: str, run_dir: Path, language: str) -> Generator:
+    """The run's generator: the ensemble over ``config.llms`` (the single member when it is alone)."""
+    try:
+        from kfoundry.core.ensemble import build_ensemble
+    except ImportError:  # pragma: no cover - the ensemble module ships with kfoundry
+        return build_plugin(config.llms[0], "llm")
+    if len(config.llms) == 1 and config.llms[0].name == "offline":
+        return build_plugin(config.llms[0], "llm")
+    return build_ensemble(config, store, run_id=run_id, run_dir=run_dir, language=language)  # type: ignore[arg-type]
+
+
+def find_seed_kernel(problem_path: Path, language: str) -> Path | None:
+    """The problem's naive seed kernel by the examples' convention: ``seeds/<stem>_<language>.py``."""
+    path = problem_path.parent / "seeds" / f"{problem_path.stem}_{language}.py"
+    return path if path.is_file() else None
+
+
+class OptimizeLoop:
+    """Runs (or resumes) one optimisation of one problem; see the module docstring."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        problem: Any,
+        evaluator: Any,
+        store: Store,
+        run_id: str,
+        run_dir: Path,
+        *,
+        generator: Generator | None = None,
+        strategy: SearchStrategy | None = None,
+        extractor: DescriptorExtractor | None = None,
+        observer: LoopObserver | None = None,
+        seed_kernel: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config, self.problem, self.evaluator, self.store = config, problem, evaluator, store
+        self.run_id, self.run_dir = run_id, Path(run_dir)
+        self.language = evaluator.backend.language
+        self.generator = generator or build_generator(config, store, run_id, self.run_dir, self.language)
+        self.strategy = strategy or build_plugin(config.search, "search")
+        self.extractor = extractor or get_extractor(self.language)
+        self.observer = observer
+        self.seed_kernel = seed_kernel
+        self.clock = clock
+        for ddl in _DDL:
+            store.ensure_table(ddl)
+        self.state = self._load_state()
+        if self.state.strategy:
+            self.strategy.load_state_dict(self.state.strategy)
+        else:
+            self.strategy.setup(tuple([LEVELS] * len(AXES)), config.seed)
+        self._summary = problem.summary()
+        self._started = self.clock() - self.state.elapsed_s
+        self.seed_record: EvalRecord | None = None
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    def _load_state(self) -> LoopState:
+        rows = self.store.query("SELECT data FROM loop_state WHERE run_id=?", (self.run_id,))
+        return LoopState.model_validate_json(rows[0]["data"]) if rows else LoopState()
+
+    def save_state(self) -> None:
+        self.state.elapsed_s = self.elapsed
+        self.store.execute(
+            "INSERT INTO loop_state (run_id, data) VALUES (?, ?) ON CONFLICT(run_id) DO UPDATE SET data=excluded.data",
+            (self.run_id, self.state.model_dump_json()),
+        )
+
+    def rows(self, generation: int | None = None) -> list[Row]:
+        sql = "SELECT * FROM loop_proposals WHERE run_id=?"
+        args: tuple[Any, ...] = (self.run_id,)
+        if generation is not None:
+            sql += " AND generation=?"
+            args += (generation,)
+        out = []
+        for r in self.store.query(sql + " ORDER BY generation, idx", args):
+            out.append(Row(
+                generation=r["generation"], idx=r["idx"], ask=SearchAsk.model_validate_json(r["ask"]),
+                candidate=Candidate.model_validate_json(r["candidate"]) if r["candidate"] else None,
+                generator=r["generator"], rationale=r["rationale"], parse_error=r["parse_error"],
+                coords=tuple(json.loads(r["coords"])) if r["coords"] else None,
+                record=EvalRecord.model_validate_json(r["record"]) if r["record"] else None,
+            ))
+        return out
+
+    def _insert_rows(self, rows: list[Row]) -> None:
+        self.store.executemany(
+            """INSERT INTO loop_proposals (run_id, generation, idx, candidate, candidate_hash, ask, generator,
+               rationale, parse_error, coords) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+            [
+                (self.run_id, r.generation, r.idx, r.candidate.model_dump_json() if r.candidate else None,
+                 r.candidate.content_hash if r.candidate else None, r.ask.model_dump_json(), r.generator,
+                 r.rationale, r.parse_error, json.dumps(list(r.coords)) if r.coords else None)
+                for r in rows
+            ],
+        )
+
+    def _save_record(self, row: Row) -> None:
+        assert row.record is not None
+        self.store.execute(
+            "UPDATE loop_proposals SET record=?, evaluated_at=? WHERE run_id=? AND generation=? AND idx=?",
+            (row.record.model_dump_json(), datetime.now(timezone.utc).isoformat(), self.run_id, row.generation, row.idx),
+        )
+
+    def _save_archive(self) -> None:
+        cells = list(self.strategy.archive)
+        self.store.executemany(
+            """INSERT INTO archive_cells VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id, island, coords) DO UPDATE
+               SET candidate_hash=excluded.candidate_hash, label=excluded.label, outcome=excluded.outcome,
+               speedup=excluded.speedup, median_ms=excluded.median_ms, fitness=excluded.fitness,
+               migrated=excluded.migrated""",
+            [
+                (self.run_id, c.island, json.dumps(list(c.coords)), c.candidate.content_hash, c.candidate.label,
+                 c.record.outcome.value, c.record.speedup, c.record.timing.median_ms if c.record.timing else None,
+                 c.record.fitness, int(c.migrated))
+                for c in cells
+            ],
+        )
+
+    # -- budgets -----------------------------------------------------------------------------------
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self._started
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations done by this run: search proposals plus tuning trials."""
+        n = self.store.query(
+            "SELECT COUNT(*) AS n FROM loop_proposals WHERE run_id=? AND record IS NOT NULL AND candidate IS NOT NULL",
+            (self.run_id,),
+        )[0]["n"]
+        return int(n) + self.state.tuning_evaluations
+
+    def stop_reason(self, before_evaluation: bool = False) -> str:
+        """Why the run must stop now ("" to continue)."""
+        b = self.config.budget
+        if b.wall_time_s is not None and self.elapsed >= b.wall_time_s:
+            return f"wall time budget ({b.wall_time_s:g} s) spent"
+        if b.evaluations is not None and self.evaluations >= b.evaluations:
+            return f"evaluation budget ({b.evaluations}) spent"
+        if before_evaluation:
+            return ""
+        if self.state.generation >= b.generations:
+            return f"all {b.generations} generations done"
+        if b.stagnation_generations is not None and self.state.stagnant >= b.stagnation_generations:
+            return f"no improvement for {self.state.stagnant} generations"
+        return ""
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    def _request(self, ask: SearchAsk, generation: int, index: int, avoid: set[str]) -> GenerationRequest:
+        return GenerationRequest(
+            problem=self._summary, language=self.language, device=self.evaluator.device, mode=ask.mode,
+            parent=ask.parent, inspirations=ask.inspirations, target_cell=ask.target_cell, n=1,
+            seed=self.config.seed, generation=generation,
+            extra={**ask.extra, "index": index, "avoid": sorted(avoid), "island": ask.island},
+        )
+
+    def _cell(self, candidate: Candidate | None) -> tuple[int, ...] | None:
+        return self.extractor.cell(candidate.source) if candidate is not None else None
+
+    def plan(self, generation: int) -> list[Row]:
+        """Ask the strategy and the generator for this generation's proposals and store them."""
+        avoid = {r["candidate_hash"] for r in self.store.query(
+            "SELECT candidate_hash FROM loop_proposals WHERE run_id=? AND candidate_hash IS NOT NULL", (self.run_id,))}
+        n = self.config.budget.proposals_per_generation
+        pairs: list[tuple[SearchAsk, Proposal]] = []
+        try:
+            if generation == 0:
+                pairs = self._seed_proposals(n, avoid)
+            else:
+                for i, ask in enumerate(self.strategy.ask(n)):
+                    for p in self.generator.propose(self._request(ask, generation, i, avoid)):
+                        pairs.append((ask, p))
+                        if p.candidate is not None:
+                            avoid.add(p.candidate.content_hash)
+        except GeneratorUnsupported as exc:
+            raise LoopError(str(exc)) from None
+        rows = [
+            Row(generation=generation, idx=i, ask=ask, candidate=p.candidate, generator=p.generator,
+                rationale=p.rationale, parse_error=p.parse_error, coords=self._cell(p.candidate))
+            for i, (ask, p) in enumerate(pairs)
+        ]
+        self._insert_rows(rows)
+        return rows
+
+    def _seed_proposals(self, n: int, avoid: set[str]) -> list[tuple[SearchAsk, Proposal]]:
+        pairs: list[tuple[SearchAsk, Proposal]] = []
+        ask = SearchAsk(mode="create", extra={"seed": True})
+        if self.seed_kernel is not None:
+            from kfoundry.core.commands.eval import read_candidate
+
+            cand = read_candidate(self.seed_kernel).model_copy(update={"generator": "seed", "meta": {"seed": True}})
+            pairs.append((ask, Proposal(candidate=cand, generator="seed", rationale=f"naive seed {self.seed_kernel.name}")))
+        request = self._request(ask, 0, 0, avoid).model_copy(update={"n": max(n, 8)})
+        pairs += [(ask, p) for p in self.generator.seeds(request)]
+        return pairs
+
+    # -- evaluation --------------------------------------------------------------------------------
+
+    def _evaluate(self, row: Row) -> None:
+        if row.candidate is None:
+            row.record = EvalRecord(
+                candidate_hash="", eval_key="", problem=self.problem.name, backend=self.evaluator.backend_name,
+                device=self.evaluator.device.key, outcome=Outcome.parse_error, message=row.parse_error or "no code",
+            )
+        else:
+            record = self.evaluator.evaluate(row.candidate)
+            levels = dict(zip(AXES, row.coords or (), strict=False))
+            record.descriptors = {**{k: float(v) for k, v in levels.items()}, **measured_descriptors(record)}
+            row.record = record
+        self._save_record(row)
+        if row.candidate is not None and row.candidate.meta.get("seed") and row.record.is_correct:
+            self.seed_record = row.record
+
+    def _results(self, rows: list[Row]) -> list[SearchResult]:
+        return [
+            SearchResult(ask=r.ask, candidate=r.candidate, record=r.record, coords=r.coords or (0,) * len(AXES))
+            for r in rows if r.candidate is not None and r.record is not None
+        ]
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self) -> LoopSummary:
+        """Run until a budget stops it; returns the summary (best kernel, archive coverage, ...)."""
+        hooks.run_started(self.run_id, resolved_config(self.config))
+        self.state.status, self.state.stop_reason = "running", ""
+        self._recover_seed_record()
+        if self.observer:
+            self.observer.started(self)
+        reason = ""
+        while not (reason := self.stop_reason()):
+            g = self.state.generation
+            rows = self.rows(g) or self.plan(g)
+            if not rows:
+                reason = "the generator proposed nothing"
+                break
+            for row in rows:
+                if row.record is not None:
+                    continue
+                if reason := self.stop_reason(before_evaluation=True):
+                    break
+                self._evaluate(row)
+                self.save_state()
+                if self.observer:
+                    self.observer.evaluated(self, row)
+            if reason:
+                break
+            self._end_generation(g, rows)
+        self._final_tuning(reason)
+        self.state.status = "finished"
+        self.state.stop_reason = reason
+        self.save_state()
+        summary = self.summary()
+        summary.exported = self.export_best()
+        hooks.run_finished(self.run_id, summary.as_dict())
+        self.store.save_run(self.run_id, self.problem.name, resolved_config(self.config), "finished", summary.as_dict())
+        return summary
+
+    def _end_generation(self, g: int, rows: list[Row]) -> None:
+        self.strategy.tell(self._results(rows))
+        best = self.strategy.best
+        fit = best.record.fitness if best else -1.0
+        self.state.stagnant = 0 if fit > self.state.best_fitness + 1e-9 else self.state.stagnant + 1
+        self.state.best_fitness = max(self.state.best_fitness, fit)
+        self.state.generation = g + 1
+        self.state.strategy = self.strategy.state_dict()
+        self.save_state()
+        every = self.config.tuner.every
+        if every > 0 and (g + 1) % every == 0 and not self.stop_reason(before_evaluation=True):
+            self._tune(g)
+        self._save_archive()
+        hooks.generation_finished(self.run_id, g, {
+            "evaluations": self.evaluations, "best_speedup": best.record.speedup if best else None,
+            "coverage": self.strategy.archive.coverage(),
+        })
+        if self.observer:
+            self.observer.generation_done(self, g)
+
+    def _recover_seed_record(self) -> None:
+        for row in self.rows(0):
+            if row.candidate is not None and row.candidate.meta.get("seed") and row.record and row.record.is_correct:
+                self.seed_record = row.record
+
+    # -- tuning ------------------------------------------------------------------------------------
+
+    def _final_tuning(self, reason: str) -> None:
+        if self.config.tuner.every < 0 or "wall time" in reason or "evaluation budget" in reason:
+            return
+        self._tune(self.state.generation)
+
+    def _tune(self, generation: int) -> None:
+        """Tune the template parameters of the best elites (the tuning stage), telling the strategy."""
+        if generation in self.state.tuned_generations:
+            return
+        try:
+            from kfoundry.core.tuning import tune_candidate
+        except ImportError:  # pragma: no cover - the tuning stage ships with kfoundry
+            return
+        elites, seen = [], set()
+        for cell in self.strategy.archive.elites(correct_only=True):
+            key = (cell.candidate.source, cell.candidate.language)
+            if cell.candidate.space and cell.candidate.space.params and key not in seen:
+                seen.add(key)
+                elites.append(cell)
+        for cell in elites[: self.config.tuner.elites]:
+            b = self.config.budget
+            left = None if b.evaluations is None else b.evaluations - self.evaluations
+            if left is not None and left <= 0:
+                break
+            wall = None if b.wall_time_s is None else max(1.0, b.wall_time_s - self.elapsed)
+            budget = min(self.config.tuner.evaluations, left) if left is not None else self.config.tuner.evaluations
+            if self.observer:
+                self.observer.note(self, f"tuning {cell.candidate.label} ({budget} evaluations)")
+            trials = 0
+
+            def count(_trial: Any, _record: EvalRecord) -> None:
+                nonlocal trials
+                trials += 1
+
+            try:
+                result = tune_candidate(self.evaluator, cell.candidate, self.config.tuner, evaluations=budget,
+                                        wall_time_s=wall, seed=self.config.seed, on_trial=count)
+            except KfError as exc:
+                if self.observer:
+                    self.observer.note(self, f"tuning skipped: {exc}")
+                continue
+            self.state.tuning_evaluations += trials
+            self.store.execute(
+                "INSERT INTO loop_tuning (run_id, generation, candidate_hash, result) VALUES (?,?,?,?)",
+                (self.run_id, generation, cell.candidate.content_hash, result.model_dump_json()),
+            )
+            if result.best_params:
+                tuned = cell.candidate.with_params({**cell.candidate.params, **result.best_params})
+                tuned = tuned.model_copy(update={"parent_id": cell.candidate.content_hash, "generator": f"tuner:{result.tuner}"})
+                record = self.evaluator.evaluate(tuned)
+                self.strategy.tell([SearchResult(ask=SearchAsk(mode="improve", island=cell.island, extra={"tuned": True}),
+                                                 candidate=tuned, record=record, coords=tuple(cell.coords))])
+        self.state.tuned_generations.append(generation)
+        self.state.strategy = self.strategy.state_dict()
+        self.save_state()
+
+    # -- results -----------------------------------------------------------------------------------
+
+    def summary(self) -> LoopSummary:
+        return LoopSummary(
+            run_id=self.run_id, run_dir=self.run_dir, stop_reason=self.state.stop_reason,
+            generations=self.state.generation, evaluations=self.evaluations, best=self.strategy.best,
+            seed_record=self.seed_record, coverage=self.strategy.archive.coverage(),
+        )
+
+    def export_best(self) -> Path | None:
+        """Write the best correct kernel to the run folder as a standalone ``ModelNew`` file."""
+        best = self.strategy.best
+        if best is None or not best.record.is_correct:
+            return None
+        suffix = ".py" if best.candidate.kind == "kernelbench" else {"opencl": ".cl", "cuda": ".cu"}.get(
+            best.candidate.language, ".txt")
+        path = self.run_dir / f"best_{self.problem.name}_{best.candidate.language}{suffix}"
+        header = ""
+        if best.candidate.kind == "kernelbench":
+            speed = f"{best.record.speedup:.2f}x" if best.record.speedup else "n/a"
+            header = (f"# kfoundry best kernel for {self.problem.name}: {best.candidate.label}, speedup {speed} "
+                      f"over the reference on {best.record.device}\nPARAMS = {best.candidate.params!r}\n\n")
+        path.write_text(header + best.candidate.source)
+        (self.run_dir / "best.json").write_text(json.dumps({
+            "candidate": best.candidate.model_dump(mode="json"), "record": best.record.model_dump(mode="json"),
+        }, indent=2))
+        return path
+
+
+# -- run folders -------------------------------------------------------------------------------------
+
+
+def new_run_dir(config: RunConfig, problem_name: str) -> tuple[str, Path]:
+    """A fresh run id and folder under ``config.output_dir``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(config.output_dir) / f"{problem_name}-{stamp}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    path.mkdir(parents=True)
+    return path.name, path
+
+
+def write_run_file(run_dir: Path, run_id: str, problem_path: Path, shapes: dict[str, Any], config: RunConfig,
+                   seed_kernel: Path | None) -> None:
+    """What ``kf-run resume`` needs to rebuild the run."""
+    (run_dir / RUN_FILE).write_text(json.dumps({
+        "run_id": run_id, "problem": str(problem_path.resolve()), "shapes": shapes,
+        "config": config.model_dump(mode="json"), "seed_kernel": str(seed_kernel.resolve()) if seed_kernel else None,
+    }, indent=2))
+
+
+def read_run_file(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_FILE
+    if not path.is_file():
+        raise LoopError(f"{run_dir}: not a kfoundry run folder (no {RUN_FILE})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise LoopError(f"{path}: unreadable run file: {exc}") from None
