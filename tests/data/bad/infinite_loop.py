@@ -1,0 +1,23 @@
+import torch
+import torch.nn as nn
+
+from kfoundry.runtime import cdiv, load
+
+SRC = r"""
+__kernel void add(__global float* a, __global const float* b, __global float* c, const int n) {
+    int i = get_global_id(0);
+    if (i < n) { c[i] = 0.0f; while (a[i] >= 0.0f) c[i] += 1.0f; }  /* planted: never ends */
+}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = load(SRC)
+
+    def forward(self, a, b):
+        c = torch.empty_like(a)
+        n = a.numel()
+        self.k.add(a, b, c, n, grid=(cdiv(n, 64),), block=(64,))
+        return c
