@@ -1,0 +1,79 @@
+"""Static behaviour descriptors: levels read from real kernel sources, plugins per language."""
+
+from __future__ import annotations
+
+from kfoundry.core.descriptors import (
+    cuda_descriptors,
+    get_extractor,
+    kernel_text,
+    measured_descriptors,
+    opencl_descriptors,
+)
+from kfoundry.core.models import EvalRecord, Outcome
+
+NAIVE_CL = """
+__kernel void add(__global const float* a, __global const float* b, __global float* c, int n) {
+    int i = get_global_id(0);
+    if (i < n) c[i] = a[i] + b[i];   // vload4 and barrier( are only mentioned in this comment
+}
+"""
+
+TILED_CL = """
+__kernel void mm(__global const float* A, __global const float* B, __global float* C, int N) {
+    __local float As[TS][TS];
+    __local float Bs[TS][TS];
+    float acc = 0.0f;
+    for (int t = 0; t < N; t += TS) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TS; ++k) acc = fma(As[0][k], Bs[k][0], acc);
+    }
+    C[0] = acc;
+}
+"""
+
+WARP_CU = """
+extern "C" __global__ void rows(const float* __restrict__ x, float* y) {
+    __shared__ float sh[32];
+    float4 q = reinterpret_cast<const float4*>(x)[threadIdx.x];
+    float cache[4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) cache[i] = 0.f;
+    float running_max = q.x;
+    for (int o = 16; o > 0; o >>= 1) running_max = fmaxf(running_max, __shfl_xor_sync(0xffffffffu, running_max, o));
+    __syncthreads();
+    y[0] = running_max + cache[0] + sh[0];
+}
+"""
+
+
+def test_naive_kernel_is_the_origin_and_comments_do_not_count() -> None:
+    assert opencl_descriptors().extract(NAIVE_CL) == {"memory": 0, "compute": 0, "parallelism": 0}
+
+
+def test_local_tiling_with_barriers() -> None:
+    assert opencl_descriptors().cell(TILED_CL) == (2, 3, 1)
+
+
+def test_cuda_warp_and_block_hierarchy() -> None:
+    d = cuda_descriptors().extract(WARP_CU)
+    assert d == {"memory": 3, "compute": 2, "parallelism": 3}
+
+
+def test_kernel_text_reads_the_kernel_inside_a_modelnew() -> None:
+    source = f'"""Uses __local memory and barriers, says the docstring."""\nSRC = r"""{NAIVE_CL}"""\nclass ModelNew: pass\n'
+    assert "get_global_id" in kernel_text(source)
+    assert "docstring" not in kernel_text(source)
+    assert opencl_descriptors().cell(source) == (0, 0, 0)
+
+
+def test_extractors_are_plugins(kf_plugin_manager) -> None:
+    assert set(kf_plugin_manager.registry("descriptor").names()) >= {"opencl", "cuda"}
+    assert get_extractor("cuda", kf_plugin_manager).cell(WARP_CU) == (3, 2, 3)
+    assert get_extractor("hip", kf_plugin_manager).cell(TILED_CL) == (2, 3, 1)  # falls back to the C patterns
+
+
+def test_measured_descriptors_from_a_record() -> None:
+    record = EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="cuda", device="d",
+                        outcome=Outcome.correct, roofline_fraction=0.8,
+                        resources={"rows": {"registers": 40}, "other": {"registers": 32}})
+    assert measured_descriptors(record) == {"roofline_fraction": 0.8, "registers": 40.0}
