@@ -13,6 +13,7 @@ request is kept (path, headers, JSON body) in ``srv.requests``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -253,7 +254,8 @@ class LLMServer:
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(data)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+                    self.wfile.write(data)
 
         return Handler
 
@@ -360,7 +362,7 @@ def evolving_responder(flavour: int, meta_text: str = "Prefer contiguous per-wor
         parent = _re.search(r'WORK = PARAMS\.get\("WORK", (\d+)\)', text.split("## Parent kernel", 1)[-1])
         if "## Parent kernel" in text and parent:
             work = int(parent.group(1))
-            new = work * 2 if work < 64 else work + flavour + i
+            new = work * 2 + 100 * flavour + i  # distinct per member and per reply
             return Reply(
                 f'Double the work per item.\n<<<<<<< SEARCH\n    WORK = PARAMS.get("WORK", {work})\n=======\n'
                 f'WORK = PARAMS.get("WORK", {new})\n>>>>>>> REPLACE\n'
@@ -368,6 +370,6 @@ def evolving_responder(flavour: int, meta_text: str = "Prefer contiguous per-wor
         if i % 5 == 0:
             return Reply("I would tile it, but here is only prose.")
         block = [16, 32, 64, 128][(i + flavour) % 4]
-        return Reply(fenced(vecadd(block, 1 + flavour + i, wrong=(i % 7 == 0))))
+        return Reply(fenced(vecadd(block, 1 + 100 * flavour + i, wrong=(i % 7 == 0))))
 
     return respond

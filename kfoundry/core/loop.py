@@ -370,8 +370,8 @@ class OptimizeLoop:
         while not (reason := self.stop_reason()):
             g = self.state.generation
             rows = self.rows(g) or self.plan(g)
-            if not rows:
-                reason = "the generator proposed nothing"
+            if not rows:  # an LLM ensemble whose budget is spent says why in ``stop_reason``
+                reason = getattr(self.generator, "stop_reason", "") or "the generator proposed nothing"
                 break
             for row in rows:
                 if row.record is not None:

@@ -29,7 +29,7 @@ _DDL = [
         provider TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, request_key TEXT NOT NULL,
         occurrence INTEGER NOT NULL, prompt_hash TEXT NOT NULL, system TEXT NOT NULL, prompt TEXT NOT NULL,
         response TEXT, tokens_in INTEGER NOT NULL, tokens_out INTEGER NOT NULL, cost_usd REAL NOT NULL,
-        latency_s REAL NOT NULL, attempts INTEGER NOT NULL, error TEXT, generation INTEGER,
+        latency_s REAL NOT NULL, attempts INTEGER NOT NULL, error TEXT, error_kind TEXT, generation INTEGER,
         created_at TEXT NOT NULL, data TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS llm_calls_run ON llm_calls (run_id)",
 ]
@@ -147,7 +147,8 @@ class Recorder:
                 self.store.execute(
                     """INSERT INTO llm_calls (run_id, seq, member, provider, model, kind, request_key, occurrence,
                        prompt_hash, system, prompt, response, tokens_in, tokens_out, cost_usd, latency_s, attempts,
-                       error, generation, created_at, data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                       error, error_kind, generation, created_at, data)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                     (
                         call.run_id,
                         call.seq,
@@ -167,6 +168,7 @@ class Recorder:
                         call.latency_s,
                         call.attempts,
                         call.error,
+                        call.error_kind,
                         call.generation,
                         call.created_at,
                         json.dumps(
@@ -174,7 +176,6 @@ class Recorder:
                                 "max_tokens": call.max_tokens,
                                 "price_in": call.price_in,
                                 "price_out": call.price_out,
-                                "error_kind": call.error_kind,
                             }
                         ),
                     ),
