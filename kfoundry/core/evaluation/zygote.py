@@ -58,8 +58,17 @@ def _send(out: Any, message: dict[str, Any]) -> None:
     out.flush()
 
 
+def _warm_up() -> None:
+    """Import what the first dispatch mode would import lazily (torch._dynamo: seconds), once."""
+    from kfoundry.core.evaluation.guard import ForwardGuard
+
+    with ForwardGuard(poison_fresh=True):
+        torch.empty(4)
+
+
 def serve() -> None:
     """Read requests from stdin until it closes; fork a child per request; report pids and statuses."""
+    _warm_up()
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stray prints must not corrupt the protocol
     children: dict[int, Any] = {}
