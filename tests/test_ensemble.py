@@ -215,3 +215,24 @@ def test_proposals_paid_for_survive_the_cap(server: LLMServer, kf_plugin_manager
     assert len(props) == 3 and ens.exhausted  # the fourth call did not fit; the three made are kept
     assert ens.propose(request(n=1, generation=1)) == []
     assert len(server.requests) == 3
+
+
+def test_a_resumed_run_keeps_its_spend_numbering_and_prompts(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
+    server.openai.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500)
+    store = Store(tmp_path / "store.sqlite")
+    cfg = config(server, mode="sample", weights=(1, 1e-9), llm_tokens=12000)
+    first = build(cfg, kf_plugin_manager, tmp_path, store)
+    assert len(first.propose(request(n=2))) == 2
+    # the process dies; the run resumes with a new ensemble over the same store
+    again = build(cfg, kf_plugin_manager, tmp_path, store)
+    assert again.ledger.total.tokens == 7000 and again.ledger.total.calls == 2
+    assert len(again.propose(request(n=2, generation=1))) == 1  # only one more call fits under the cap
+    assert again.prompts is not None and first.prompts is not None
+    assert {v.id: v.uses for v in again.prompts.variants.values()} == {
+        v.id: v.uses + 1 for v in first.prompts.variants.values()
+    }
+    seqs = [r["seq"] for r in store.query("SELECT seq FROM llm_calls ORDER BY id")]
+    assert seqs == [1, 2, 3, 4]  # three calls and the refusal, numbered on from before
+    store.close()

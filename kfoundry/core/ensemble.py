@@ -400,6 +400,9 @@ def build_ensemble(
         run_dir = Path(store.path).parent  # type: ignore[attr-defined]
     ledger = CostLedger(max_tokens=config.budget.llm_tokens, max_cost_usd=config.budget.llm_cost_usd)
     recorder = Recorder(store, Path(run_dir) / RECORDING_NAME if run_dir else None, run_id)
+    for call in recorder.previous:  # a resumed run: what was spent before counts against the caps
+        if call.error_kind != "budget" and (call.tokens_in or call.tokens_out):
+            ledger.add(call.member, call.tokens_in, call.tokens_out, call.cost_usd)
     members: list[Member] = []
     for choice, name in zip(config.llms, _member_names(config), strict=True):
         generator = manager.get("llm", choice.name).build(choice.options)

@@ -124,6 +124,10 @@ class CostLedger:
                 usage.tokens_out += tokens_out
                 usage.cost_usd += cost
 
+    def add(self, member: str, tokens_in: int, tokens_out: int, cost: float) -> None:
+        """Count usage that happened outside a reservation (calls of a run before it was resumed)."""
+        self.settle(Reservation(0, 0.0, 0), member, tokens_in, tokens_out, cost)
+
     def release(self, reservation: Reservation) -> None:
         """Release a reservation of a call that used nothing (it failed before an answer)."""
         with self._lock:

@@ -117,7 +117,24 @@ class PromptArchive:
         self._lock = threading.Lock()
         if store is not None:
             store.ensure_table(_DDL)
+            self._reload()
         self.add(PromptVariant(dict(base or DEFAULT_SECTIONS)))
+
+    def _reload(self) -> None:
+        """Variants a resumed run had already made, with their counts and fitness."""
+        assert self.store is not None
+        rows = self.store.query("SELECT * FROM prompts WHERE run_id=? ORDER BY rowid", (self.run_id,))
+        for r in rows:
+            v = PromptVariant(
+                json.loads(r["sections"]),
+                parent_id=r["parent_id"],
+                generation=r["generation"],
+                section=r["section"],
+                uses=r["uses"],
+                best_fitness=r["best_fitness"],
+                outcomes=Counter(json.loads(r["outcomes"])),
+            )
+            self.variants[v.id] = v
 
     def add(self, variant: PromptVariant) -> PromptVariant:
         with self._lock:
@@ -217,7 +234,7 @@ class MetaPrompter:
         self.language = language
         self.builder = builder or PromptBuilder()
         self.max_chars = max_chars
-        self._turn = 0
+        self._turn = len(archive.variants) - 1  # a resumed run goes on with the next section
         self.rewrites: list[dict[str, Any]] = []
 
     def due(self, generation: int) -> bool:

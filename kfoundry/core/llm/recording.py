@@ -127,6 +127,22 @@ class Recorder:
                 store.ensure_table(ddl)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: Calls this run made before (a resumed run continues its numbering, counts and budget).
+        self.previous: list[CallRecord] = self._previous_calls()
+        for call in self.previous:
+            self._seq = max(self._seq, call.seq)
+            if call.error_kind != "budget":
+                self._occurrences[(call.member, call.request_key)] += 1
+
+    def _previous_calls(self) -> list[CallRecord]:
+        if self.store is None or self.run_id is None:
+            return []
+        rows = self.store.query(
+            "SELECT member, provider, model, kind, request_key, occurrence, prompt_hash, seq, tokens_in, tokens_out, "
+            "cost_usd, error_kind FROM llm_calls WHERE run_id=? ORDER BY seq",
+            (self.run_id,),
+        )
+        return [CallRecord(system="", prompt="", **dict(r)) for r in rows]
 
     def occurrence(self, member: str, key: str) -> int:
         """How many calls with this key this member made before (0 for the first); counts this one."""
