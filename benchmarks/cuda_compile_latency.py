@@ -45,18 +45,22 @@ def time_compiles(source: str, defines: dict[str, int], compiler: str, repeats: 
     from kfoundry.plugins.backends.cuda import CudaBackend, CudaOptions
 
     backend = CudaBackend(CudaOptions(compiler=compiler))  # type: ignore[arg-type]
-    compile_s, load_s, kernels = [], [], 0
+    compile_s, load_s, kernels, reported = [], [], 0, []
     for _ in range(repeats):
+        unique = f"{source}\n// kf-compile-latency {uuid.uuid4().hex}\n"  # defeats any compile cache
         started = time.perf_counter()
-        result = backend.compile(source, defines=defines)
+        result = backend.compile(unique, defines=defines)
         compile_s.append(time.perf_counter() - started)
         kernels = len(result.resources)
+        reported.append(kernels)
         if can_run:
             started = time.perf_counter()
             backend.load_compiled(result)
             load_s.append(time.perf_counter() - started)
     return {
         "compile_s": statistics.median(compile_s),
+        "runs_s": [round(t, 4) for t in compile_s],
+        "kernels_reported_per_run": reported,
         "load_s": statistics.median(load_s) if load_s else None,
         "kernels": kernels,
         "arch": result.arch,

@@ -6,7 +6,7 @@ set -u
 OUT=${OUT:-/tmp/kf-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 KF_PEAKS_FILE="$OUT/peaks.json" TORCHINDUCTOR_COMPILE_THREADS=16
-kf() { python3 -c "from kfoundry.core.cli import main; main()" "$@"; }
+KF=(python3 -c "from kfoundry.core.cli import main; main()")
 step() { echo; echo "=== $1 ($(date +%T))"; }
 
 setup() {
@@ -29,12 +29,12 @@ for s in "$@"; do
   case "$s" in
     setup) setup || { echo "setup failed"; exit 1; } ;;
     tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore tests/test_cuda_gpu.py tests/test_cuda_backend.py tests/test_devices.py tests/test_nvidia_hardware.py 2>&1 | tail -25 ;;
-    devices) timeout 120 kf devices --measure --json > "$OUT/devices.json"; kf devices 2>&1 | grep -v Warning ;;
+    devices) timeout 120 "${KF[@]}" devices --measure --json > "$OUT/devices.json"; "${KF[@]}" devices 2>&1 | grep -v -i warning ;;
     faults) timeout 200 python3 benchmarks/cuda_faults.py --json "$OUT/faults.json" 2>&1 | grep -v Warning ;;
-    compile) timeout 240 python3 benchmarks/cuda_compile_latency.py --json "$OUT/compile.json" 2>&1 | grep -v Warning ;;
+    compile) timeout 240 python3 benchmarks/cuda_compile_latency.py --inline "${INLINE:-2}" --json "$OUT/compile.json" 2>&1 | grep -v Warning ;;
     small) timeout 240 python3 benchmarks/cuda_examples.py --small --no-compile --no-inprocess --trials 2 --timeout 60 --json "$OUT/small.json" 2>&1 | grep -v Warning ;;
     spaces) timeout "${SPACES_TIMEOUT:-330}" python3 benchmarks/cuda_record_spaces.py --out "$OUT/spaces" 2>&1 | grep -v Warning ;;
-    examples) timeout "${EXAMPLES_TIMEOUT:-540}" python3 benchmarks/cuda_examples.py --inline --json "$OUT/examples.json" --markdown "$OUT/examples.md" 2>&1 | grep -v Warning ;;
+    examples) timeout "${EXAMPLES_TIMEOUT:-540}" python3 benchmarks/cuda_examples.py --inline ${ONLY:+--only $ONLY} --json "$OUT/examples.json" --markdown "$OUT/examples.md" 2>&1 | grep -v Warning ;;
     *) echo "unknown step $s" ;;
   esac
 done
