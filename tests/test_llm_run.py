@@ -109,12 +109,14 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
             assert KEY.encode() not in f.read_bytes(), f
     assert KEY not in done.stdout + done.stderr
 
-    # replay: same config with every model member replaced by a replay of its recording, no server
-    replays = [{"name": "replay", "model": m["model"], "options": {"recording": str(run_dir), "member": f"{m['name']}:{m['model']}"}}
-               for m in llms]
-    again = kf_run(run_config(tmp_path, replays, "replayed"), {**env, "KF_E2E_KEY": ""})
+    # replay: `kf-run replay RUN_DIR` serves every model reply from the recording, with no server and no key
+    code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
+    again = subprocess.run([sys.executable, "-c", code, "replay", str(run_dir)], env={**env, "KF_E2E_KEY": ""},
+                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]
-    conn2 = db(tmp_path / "replayed")
+    [replay_dir] = [d for d in (tmp_path / "live").iterdir() if d != run_dir]
+    conn2 = sqlite3.connect(replay_dir / "kfoundry.db")
+    conn2.row_factory = sqlite3.Row
     assert proposals(conn2) == rows
     calls2 = conn2.execute("SELECT member, kind, request_key, response, tokens_in, tokens_out, cost_usd, error_kind "
                            "FROM llm_calls ORDER BY seq").fetchall()

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "kfoundry.core.commands.eval",
     "kfoundry.core.commands.tune",
     "kfoundry.core.commands.devices",
+    "kfoundry.core.commands.replay",
 ]
 
 DEFAULT_COMMAND = "optimize"

@@ -440,7 +440,7 @@ def build_ensemble(
 
 
 def replay_config(
-    config: RunConfig, recording: str | Path, manager: PluginManager | None = None
+    config: RunConfig, recording: str | Path, manager: PluginManager | None = None, on_miss: str = "error"
 ) -> RunConfig:
     """``config`` with every language-model member replaced by a ``replay`` of its recorded calls."""
     manager = manager or get_plugin_manager()
@@ -453,7 +453,7 @@ def replay_config(
                     "name": "replay",
                     "model": choice.model,
                     "weight": choice.weight,
-                    "options": {"recording": str(recording), "member": name},
+                    "options": {"recording": str(recording), "member": name, "on_miss": on_miss},
                 }
             )
         else:
