@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -235,4 +236,33 @@ def test_a_resumed_run_keeps_its_spend_numbering_and_prompts(
     }
     seqs = [r["seq"] for r in store.query("SELECT seq FROM llm_calls ORDER BY id")]
     assert seqs == [1, 2, 3, 4]  # three calls and the refusal, numbered on from before
+    store.close()
+
+
+def test_offline_generator_votes_alongside_a_model(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
+    from kfoundry.core.problem import load_problem
+
+    root = Path(__file__).parents[1]
+    problem = load_problem(root / "examples/kernelbench/vector_add.py", {"N": 4096})
+    server.openai.responder = script_responder([fenced(vecadd(64, 3))], ranking="1 > 2 > 3 > 4")
+    cfg = RunConfig.model_validate({
+        "llms": [
+            {"name": "openai", "model": "gpt-test",
+             "options": {"api_key_env": "KF_TEST_KEY", "base_url": server.openai_url, "timeout": 5.0}},
+            {"name": "offline"},
+        ],
+        "ensemble": {"mode": "vote", "keep": 2},
+    })
+    store = Store(tmp_path / "store.sqlite")
+    ens = build(cfg, kf_plugin_manager, tmp_path, store)
+    req = GenerationRequest(problem=problem.summary(), language="opencl",
+                            device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"), n=2)
+    kept = ens.propose(req)
+    assert len(kept) == 2
+    [vote] = store.query("SELECT * FROM llm_votes")
+    scores = json.loads(vote["scores"])
+    assert set(scores) == {"openai:gpt-test", "offline"} and all(s is not None for s in scores.values())
+    assert {g for g, _ in json.loads(vote["proposals"])} == {"openai:gpt-test", "offline"}
     store.close()
