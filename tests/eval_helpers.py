@@ -27,8 +27,14 @@ SMALL_SHAPES: dict[str, dict[str, int]] = {
 
 def fast_config(tmp: Path | None = None, **evaluation: Any) -> RunConfig:
     """A config whose timing phase takes milliseconds (correctness checks stay complete)."""
-    ev = {"target_time_s": 0.005, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 20, "rotate_bytes": 0,
-          "timeout_s": 60.0}
+    ev = {
+        "target_time_s": 0.005,
+        "warmup_s": 0.0,
+        "min_repeats": 3,
+        "max_repeats": 20,
+        "rotate_bytes": 0,
+        "timeout_s": 60.0,
+    }
     ev.update(evaluation)
     data: dict[str, Any] = {"evaluation": ev}
     if tmp is not None:

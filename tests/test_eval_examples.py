@@ -46,9 +46,14 @@ def test_native_tasks(task: str, sizes: dict[str, int], params: dict[str, int]) 
     problem = load_problem(EXAMPLES / "native" / f"{task}.toml", sizes)
     with Evaluator(problem, fast_config(cache=False)) as evaluator:
         default, tuned = evaluator.evaluate_many(
-            [Candidate(source=problem.source, kind="native"), Candidate(source=problem.source, kind="native", params=params)]
+            [
+                Candidate(source=problem.source, kind="native"),
+                Candidate(source=problem.source, kind="native", params=params),
+            ]
         )
-        broken = evaluator.evaluate(Candidate(source=problem.source.replace("+=", "-="), kind="native", params=params))
+        broken = evaluator.evaluate(
+            Candidate(source=problem.source.replace("+=", "-="), kind="native", params=params)
+        )
     assert default.outcome is Outcome.correct, default.message
     assert tuned.outcome is Outcome.correct, tuned.message
     expected = Outcome.mismatch if task == "matmul" else Outcome.correct

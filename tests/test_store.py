@@ -17,9 +17,19 @@ from kfoundry.core.store import SCHEMA_VERSION, Store, StoreError
 
 
 def _record(key: str, outcome: Outcome = Outcome.correct, speedup: float | None = 2.0) -> EvalRecord:
-    timing = TimingStats(median_ms=1.0, iqr_ms=0.1, ci95_low_ms=0.9, ci95_high_ms=1.1, mean_ms=1.0, min_ms=0.9, n=10)
-    return EvalRecord(candidate_hash="c1", eval_key=key, problem="p", backend="opencl", device="opencl:cpu",
-                      outcome=outcome, timing=timing, speedup=speedup)
+    timing = TimingStats(
+        median_ms=1.0, iqr_ms=0.1, ci95_low_ms=0.9, ci95_high_ms=1.1, mean_ms=1.0, min_ms=0.9, n=10
+    )
+    return EvalRecord(
+        candidate_hash="c1",
+        eval_key=key,
+        problem="p",
+        backend="opencl",
+        device="opencl:cpu",
+        outcome=outcome,
+        timing=timing,
+        speedup=speedup,
+    )
 
 
 def test_wal_and_schema_version(tmp_path: Path) -> None:
@@ -69,7 +79,11 @@ def test_extension_tables(tmp_path: Path) -> None:
         store.ensure_table("CREATE TABLE IF NOT EXISTS archive (cell TEXT PRIMARY KEY, fitness REAL)")
         store.execute("INSERT INTO archive VALUES (?, ?)", ("0,1,2", 5.5))
         store.executemany("INSERT INTO archive VALUES (?, ?)", [("1,1,1", 1.0), ("2,2,2", 2.0)])
-        assert [r["cell"] for r in store.query("SELECT cell FROM archive ORDER BY fitness DESC")] == ["0,1,2", "2,2,2", "1,1,1"]
+        assert [r["cell"] for r in store.query("SELECT cell FROM archive ORDER BY fitness DESC")] == [
+            "0,1,2",
+            "2,2,2",
+            "1,1,1",
+        ]
         with pytest.raises(StoreError, match="IF NOT EXISTS"):
             store.ensure_table("CREATE TABLE t (x)")
 

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (PARAMS, the template parameter values, is injected by the harness)
 import torch
 import torch.nn as nn
 

@@ -1,0 +1,63 @@
+"""Planted bad kernels (tests/data/bad/) are each caught with the right outcome, in one batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kfoundry.core.evaluation import Evaluator
+from kfoundry.core.models import Candidate, EvalRecord, Outcome
+from kfoundry.core.problem import load_problem
+from tests.eval_helpers import BAD, EXAMPLES, fast_config
+
+EXPECTED: dict[str, tuple[Outcome, str]] = {
+    "wrong_result": (Outcome.mismatch, "elements off"),
+    "off_by_one": (Outcome.mismatch, "1 of 2048 elements never written"),
+    "no_write": (Outcome.mismatch, "never written"),
+    "infinite_loop": (Outcome.timeout, "timed out"),
+    "crash": (Outcome.runtime_error, "worker crashed: killed by SIG"),
+    "out_of_memory": (Outcome.runtime_error, "allocate"),
+    "input_mutation": (Outcome.rejected, "modified input 0"),
+    "constant_output": (Outcome.rejected, "constant"),
+    "torch_fallback": (Outcome.rejected, "forward computes with torch (add)"),
+    "static_fallback": (Outcome.rejected, "static check: line 13: torch.add in forward"),
+    "compile_error": (Outcome.compile_error, "expected ';'"),
+    "wrong_shape": (Outcome.wrong_shape, "shape [2047], expected [2048]"),
+    "input_independent": (Outcome.mismatch, "elements off"),
+}
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> Iterator[dict[str, EvalRecord]]:
+    problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 2048})
+    config = fast_config(cache=False, timeout_s=8.0, memory_limit_mb=4096)
+    config.executor.options = {"workers": 2}
+    names = sorted(EXPECTED)
+    with Evaluator(problem, config) as evaluator:
+        records = evaluator.evaluate_many(
+            [Candidate(source=(BAD / f"{n}.py").read_text(), label=n) for n in names]
+        )
+    yield dict(zip(names, records, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_planted_kernel_is_caught(verdicts: dict[str, EvalRecord], name: str) -> None:
+    outcome, fragment = EXPECTED[name]
+    record = verdicts[name]
+    assert record.outcome is outcome, f"{name}: {record.outcome.value}: {record.message}"
+    assert fragment in record.message
+    assert record.timing is None and record.speedup is None
+
+
+def test_compile_error_keeps_the_compiler_log(verdicts: dict[str, EvalRecord]) -> None:
+    assert "error" in verdicts["compile_error"].log
+
+
+def test_input_independent_output_rejected_even_within_tolerance() -> None:
+    """With a tolerance loose enough to pass any value, an output that ignores its inputs is still rejected."""
+    problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 512})
+    with Evaluator(problem, fast_config(cache=False, atol=100.0, rtol=1.0, trials=3)) as evaluator:
+        record = evaluator.evaluate(Candidate(source=(BAD / "input_independent.py").read_text()))
+    assert record.outcome is Outcome.rejected, record.message
+    assert "does not depend on the input" in record.message
