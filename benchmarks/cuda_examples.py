@@ -87,7 +87,7 @@ def evaluate_candidates(name: str, shapes: dict[str, int], files: list[Path], tr
     return problem, rows
 
 
-def time_inprocess(problem: Any, best: Path | None, compile_ref: bool) -> dict[str, Any]:
+def time_inprocess(problem: Any, best: Path | Any | None, compile_ref: bool) -> dict[str, Any]:
     """Eager, torch.compile and the best candidate, each by our timer (x3) and by do_bench."""
     import torch
     import triton.testing
@@ -106,8 +106,9 @@ def time_inprocess(problem: Any, best: Path | None, compile_ref: bool) -> dict[s
     contenders: dict[str, Any] = {"eager": reference}
     if compile_ref:
         contenders["torch.compile"] = torch.compile(problem.make_reference().cuda())
-    if best is not None:
-        contenders["candidate"] = problem.build_candidate(Candidate(source=best.read_text(), language="cuda"), runtime.load).cuda()
+    if best is not None:  # a candidate file, or a Candidate (with its tuned parameters)
+        candidate = Candidate(source=best.read_text(), language="cuda") if isinstance(best, Path) else best
+        contenders["candidate"] = problem.build_candidate(candidate, runtime.load).cuda()
     analysis = problem.analysis()
     out: dict[str, Any] = {}
     with torch.no_grad():
