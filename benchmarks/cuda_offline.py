@@ -66,6 +66,7 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     path = out / f"best_{name}_cuda.json"
     path.write_text(json.dumps(candidate, indent=1))
     entry["best_file"] = str(path)
+    entry["best_candidate"] = candidate
     return entry
 
 
@@ -91,7 +92,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         entry = run_one(name, args.out, args)
-        print(json.dumps({k: v for k, v in entry.items() if k != "tail"}), flush=True)
+        print(json.dumps({k: v for k, v in entry.items() if k not in ("tail", "best_candidate")}), flush=True)
         if entry.get("best_file") and entry.get("outcome") == "correct":
             problem = load_problem(ROOT / "examples/kernelbench" / f"{name}.py", LEVEL1[name][0])
             best = Candidate.model_validate_json(Path(entry["best_file"]).read_text())
