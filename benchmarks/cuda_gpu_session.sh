@@ -34,7 +34,7 @@ for s in "$@"; do
     compile) timeout 240 python3 benchmarks/cuda_compile_latency.py --inline "${INLINE:-2}" --json "$OUT/compile.json" 2>&1 | grep -v Warning ;;
     small) timeout 240 python3 benchmarks/cuda_examples.py --small --no-compile --no-inprocess --trials 2 --timeout 60 --json "$OUT/small.json" 2>&1 | grep -v Warning ;;
     spaces) timeout "${SPACES_TIMEOUT:-330}" python3 benchmarks/cuda_record_spaces.py --out "$OUT/spaces" 2>&1 | grep -v Warning ;;
-    examples) timeout "${EXAMPLES_TIMEOUT:-540}" python3 benchmarks/cuda_examples.py --inline ${ONLY:+--only $ONLY} --json "$OUT/examples.json" --markdown "$OUT/examples.md" 2>&1 | grep -v Warning ;;
+    examples) timeout "${EXAMPLES_TIMEOUT:-540}" python3 benchmarks/cuda_examples.py ${ONLY:+--only $ONLY} --json "$OUT/examples.json" --markdown "$OUT/examples.md" 2>&1 | grep -v Warning ;;
     inline) timeout 300 python3 benchmarks/cuda_examples.py --only gelu --inline --no-compile --json "$OUT/inline.json" 2>&1 | grep -v Warning ;;
     offline) timeout "${OFFLINE_TIMEOUT:-480}" python3 benchmarks/cuda_offline.py --out /tmp/kf-runs ${ONLY:+--only $ONLY} --json "$OUT/offline.json" 2>&1 | grep -v -i warning ;;
     *) echo "unknown step $s" ;;
