@@ -75,7 +75,7 @@ def test_vote_keeps_what_the_members_agree_on_and_stores_the_vote(
                                                   ranking="4 > 1 > 2 > 3")
     store = Store(tmp_path / "store.sqlite")
     ens = build(config(server), kf_plugin_manager, tmp_path, store)
-    kept = ens.propose(request(n=2))
+    kept = ens.propose(request(n=4))  # each member proposes 2; the vote keeps 2 of the 4
     # pool: 1=openai(32,1) 2=openai(64,2) 3=anthropic(128,1) 4=anthropic(256,4); Borda: 4 wins, then 1 and 2 tie (3 pts)
     assert [p.candidate.params for p in kept] == [{"BLOCK": 32, "WORK": 1}, {"BLOCK": 256, "WORK": 4}]
     assert [p.generator for p in kept] == ["openai:gpt-test", "anthropic:claude-test"]
@@ -258,7 +258,7 @@ def test_offline_generator_votes_alongside_a_model(
     store = Store(tmp_path / "store.sqlite")
     ens = build(cfg, kf_plugin_manager, tmp_path, store)
     req = GenerationRequest(problem=problem.summary(), language="opencl",
-                            device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"), n=2)
+                            device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"), n=4)
     kept = ens.propose(req)
     assert len(kept) == 2
     [vote] = store.query("SELECT * FROM llm_votes")

@@ -213,3 +213,10 @@ def test_local_server_without_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         [prop] = p.propose(request())
         assert prop.candidate is not None
         assert srv.calls("openai")[0]["body"]["max_tokens"] == 8192  # local servers get max_tokens
+
+
+def test_anthropic_large_max_tokens_without_streaming(server: LLMServer, tmp_path: Path) -> None:
+    server.anthropic.push(Reply(fenced(vecadd())))
+    [prop] = make("anthropic", server, tmp_path, max_tokens=64000).propose(request())
+    assert prop.candidate is not None  # the SDK's long-request guard is satisfied by the explicit timeout
+    assert server.calls("anthropic")[0]["body"]["max_tokens"] == 64000

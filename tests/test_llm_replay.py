@@ -21,7 +21,7 @@ def request(generation: int, parent: Attempt | None) -> GenerationRequest:
     return GenerationRequest(
         problem=ProblemSummary(name="vadd", reference_source="class Model: ...", shapes={"N": 4096}),
         language="opencl", device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
-        n=2, generation=generation, parent=parent, mode="improve" if parent else "create",
+        n=4, generation=generation, parent=parent, mode="improve" if parent else "create",
     )
 
 

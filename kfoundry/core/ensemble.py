@@ -1,6 +1,6 @@
 """Ensembles of generators: ``sample`` (weighted choice), ``bandit`` (UCB on fitness gain per unit
-cost) and ``vote`` (every member proposes ``n``, every member ranks the pool, a Borda count keeps
-``min(n, keep)``, so device time goes to what the ensemble agrees on).
+cost) and ``vote`` (every member proposes ``ceil(n / members)``, every member ranks the pool, a
+Borda count keeps ``min(n, keep)``, so device time goes to what the ensemble agrees on).
 
 :func:`build_ensemble` turns ``config.llms`` into one :class:`Ensemble` (itself a ``Generator``)
 sharing one cost ledger (the run's token and money caps), one recorder (every call to the store
@@ -202,7 +202,8 @@ class Ensemble(Generator):
             return best
 
     def _vote(self, request: GenerationRequest, call: Callable[..., list[Proposal]]) -> list[Proposal]:
-        batches = self._each(lambda m: self._ask(m, request, call))
+        each = request.model_copy(update={"n": math.ceil(request.n / len(self.members))})
+        batches = self._each(lambda m: self._ask(m, each, call))
         pooled = self._admit(request, [p for batch in batches for p in batch])
         failed = [p for p in pooled if p.candidate is None]
         valid = [p for p in pooled if p.candidate is not None]
