@@ -120,7 +120,13 @@ def test_cuda_prompt_uses_warp_vocabulary_and_cp_async_on_hopper() -> None:
 
 def test_opencl_cpu_prompt_mentions_sub_groups_and_cpu_advice() -> None:
     text = PromptBuilder().generation(req(POCL, "opencl")).user
-    assert "sub-group" in text and "8/16" in text and "CPU OpenCL device" in text
+    assert "sub-group" in text and "size 8/16" in text and "CPU OpenCL device" in text
+    assert (
+        ", size)"
+        not in PromptBuilder()
+        .generation(req(POCL.model_copy(update={"sub_group_sizes": None}), "opencl"))
+        .user
+    )
 
 
 def test_repair_prompt_carries_the_compile_log_resources_and_parent_source() -> None:

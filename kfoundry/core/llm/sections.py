@@ -13,8 +13,9 @@ SECTION_TITLES: dict[str, str] = {
 DEFAULT_SECTIONS: dict[str, str] = {
     "philosophy": (
         "Correctness first, then memory traffic, then arithmetic. Most kernels are memory-bound: "
-        "compare the parent's time with the roofline bound below and attack whatever keeps it away "
-        "from that bound. Prefer one clear idea per step over many half-done ones."
+        "compare the parent's time with the least bytes it must move (and the roofline bound, where "
+        "given) and attack whatever keeps it away from that bound. Prefer one clear idea per step over "
+        "many half-done ones."
     ),
     "strategies": (
         "- Coalesce global accesses: neighbouring work-items touch neighbouring addresses; use vector "
