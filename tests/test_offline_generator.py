@@ -1,0 +1,218 @@
+"""The offline generator: fx recognition, cookbook kernels correct on PoCL, CUDA kernels compile."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfoundry.core.descriptors import opencl_descriptors
+from kfoundry.core.generator import Attempt, GenerationRequest, GeneratorUnsupported, ProblemSummary
+from kfoundry.core.models import DeviceProfile, EvalRecord, Outcome
+from kfoundry.plugins.llms.offline.generator import OfflineGenerator, valid
+from kfoundry.plugins.llms.offline.recognize import recognize
+
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+PROBLEMS = {
+    "matmul": """
+        M, K, N = 24, 20, 16
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a, b)
+        def get_inputs(): return [torch.rand(M, K), torch.rand(K, N)]
+        def get_init_inputs(): return []
+    """,
+    "linear": """
+        class Model(nn.Module):
+            def __init__(self, i, o):
+                super().__init__()
+                self.fc = nn.Linear(i, o)
+            def forward(self, x):
+                return torch.relu(self.fc(x)) * 0.5
+        def get_inputs(): return [torch.rand(8, 12)]
+        def get_init_inputs(): return [12, 16]
+    """,
+    "softmax": """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.softmax(x, dim=1)
+        def get_inputs(): return [torch.rand(6, 64)]
+        def get_init_inputs(): return []
+    """,
+    "log_softmax": """
+        class Model(nn.Module):
+            def forward(self, x):
+                return F.log_softmax(x, dim=-1)
+        def get_inputs(): return [torch.rand(5, 40)]
+        def get_init_inputs(): return []
+    """,
+    "layer_norm": """
+        class Model(nn.Module):
+            def __init__(self, shape):
+                super().__init__()
+                self.ln = nn.LayerNorm(shape)
+            def forward(self, x):
+                return self.ln(x)
+        def get_inputs(): return [torch.rand(4, 4, 8)]
+        def get_init_inputs(): return [(4, 8)]
+    """,
+    "rms_norm": """
+        class Model(nn.Module):
+            def __init__(self, eps=1e-5):
+                super().__init__()
+                self.eps = eps
+            def forward(self, x):
+                return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + self.eps)
+        def get_inputs(): return [torch.rand(2, 8, 4, 4)]
+        def get_init_inputs(): return []
+    """,
+    "reduce": """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.amax(x, dim=1)
+        def get_inputs(): return [torch.rand(3, 10, 7)]
+        def get_init_inputs(): return []
+    """,
+    "elementwise": """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.act = nn.LeakyReLU(0.2)
+            def forward(self, a, b):
+                return F.gelu(self.act(a * 2.0 - b)) + torch.sigmoid(b).clamp(max=0.7)
+        def get_inputs(): return [torch.rand(8, 64), torch.rand(8, 64)]
+        def get_init_inputs(): return []
+    """,
+}
+
+FAMILY = {"linear": "matmul"}
+
+
+def summary(name: str) -> ProblemSummary:
+    return ProblemSummary(name=name, reference_source=HEADER + textwrap.dedent(PROBLEMS[name]))
+
+
+def reference(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(HEADER + textwrap.dedent(PROBLEMS[name]), module.__dict__)
+    return module
+
+
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_recognises_the_family(name: str) -> None:
+    assert recognize(summary(name)).family == FAMILY.get(name, name)
+
+
+def test_details_of_recognition() -> None:
+    mm = recognize(summary("matmul"))
+    assert (mm.M, mm.N, mm.K, mm.linear, mm.expr) == (24, 16, 20, False, None)
+    lin = recognize(summary("linear"))
+    assert lin.linear and lin.bias and lin.modules == ["nn.Linear(12, 16, bias=True)"]
+    assert "fmax" in lin.expr("opencl") and "fmaxf" in lin.expr("cuda")
+    rms = recognize(summary("rms_norm"))
+    assert (rms.outer, rms.R, rms.inner, rms.eps) == (2, 8, 16, 1e-5)
+    red = recognize(summary("reduce"))
+    assert (red.outer, red.R, red.inner, red.reduce_op) == (3, 10, 7, "max")
+
+
+def test_unknown_problem_is_refused_clearly() -> None:
+    src = HEADER + textwrap.dedent("""
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.cumsum(x, dim=0)
+        def get_inputs(): return [torch.rand(8)]
+        def get_init_inputs(): return []
+    """)
+    with pytest.raises(GeneratorUnsupported, match="not a known operation family.*LLM"):
+        recognize(ProblemSummary(name="scan", reference_source=src))
+
+
+def _run(source: str, params: dict, ref: types.ModuleType) -> torch.Tensor:
+    from kfoundry.runtime import synchronize
+
+    namespace: dict = {"PARAMS": params, "__name__": "candidate"}
+    exec(compile(source, "candidate", "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*ref.get_init_inputs())
+    out = model(*ref.inputs)
+    synchronize()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_every_opencl_recipe_is_correct_on_pocl(name: str) -> None:
+    """Each recipe, at its defaults and at a random valid setting, matches the reference on PoCL."""
+    ref = reference(name)
+    torch.manual_seed(0)
+    model = ref.Model(*ref.get_init_inputs())
+    ref.inputs = ref.get_inputs()
+    expected = model(*ref.inputs)
+    gen = OfflineGenerator()
+    recipes = gen.recipes(summary(name), "opencl")
+    assert len(recipes) >= 2
+    rng = __import__("random").Random(name)
+    for recipe in recipes:
+        for params in (recipe.defaults, gen._random_params(recipe, rng, _request(name))):
+            out = _run(recipe.render(), dict(params), ref)
+            assert out.shape == expected.shape
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, msg=f"{recipe.name} {params}")
+
+
+def _request(name: str, **kw) -> GenerationRequest:
+    device = DeviceProfile(backend="opencl", name="cpu", max_work_group_size=4096)
+    return GenerationRequest(problem=summary(name), language="opencl", device=device, **kw)
+
+
+def test_recipes_span_the_descriptor_space() -> None:
+    gen = OfflineGenerator()
+    ex = opencl_descriptors()
+    cells = {gen.cell(r, ex) for r in gen.recipes(summary("matmul"), "opencl")}
+    assert len(cells) >= 5
+    assert {c[0] for c in cells} == {0, 1, 2, 3}
+
+
+def test_moves_follow_the_request() -> None:
+    gen = OfflineGenerator()
+    seeds = gen.seeds(_request("matmul", n=8))
+    assert [p.candidate.meta["rank"] for p in seeds] == sorted(p.candidate.meta["rank"] for p in seeds)
+    naive = seeds[0].candidate
+    ok = EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d", outcome=Outcome.correct)
+    parent = Attempt(candidate=naive, record=ok, cell=(0, 0, 0))
+    aimed = gen.propose(_request("matmul", mode="improve", parent=parent, target_cell=(2, 3, 1), n=3, seed=1))
+    assert any(p.candidate.label == "matmul/local_tiles" for p in aimed)
+    assert len({p.candidate.content_hash for p in aimed}) == 3
+    for p in aimed:
+        space = p.candidate.space
+        assert valid(p.candidate.params, space.restrictions) and set(p.candidate.params) == set(space.params)
+    broken = naive.with_params({"BLOCK_X": 32, "BLOCK_Y": 16})
+    bad = EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d",
+                     outcome=Outcome.runtime_error)
+    fixed = gen.propose(_request("matmul", mode="repair", parent=Attempt(candidate=broken, record=bad), n=1))[0]
+    assert fixed.candidate.params == naive.params and "repair" in fixed.rationale
+
+
+def test_the_generator_is_a_plugin(kf_plugin_manager) -> None:
+    gen = kf_plugin_manager.get("llm", "offline").build({"step_probability": 0.5})
+    assert isinstance(gen, OfflineGenerator) and gen.opts.step_probability == 0.5
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", ["matmul", "linear", "softmax", "layer_norm", "rms_norm", "elementwise"])
+def test_cuda_recipes_compile_for_sm90(name: str, tmp_path: Path) -> None:
+    for recipe in OfflineGenerator().recipes(summary(name), "cuda"):
+        src = tmp_path / "k.cu"
+        src.write_text(recipe.kernel)
+        defines = [f"-D{k}={v}" for k, v in recipe.defaults.items()]
+        proc = subprocess.run([NVCC, "-arch=sm_90", "--ptx", "-o", str(tmp_path / "k.ptx"), *defines, str(src)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"{recipe.name}: {proc.stderr[-2000:]}"
