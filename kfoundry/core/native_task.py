@@ -146,13 +146,14 @@ class NativeModel(nn.Module):
     def forward(self, *inputs: Any) -> Any:
         spec = self.task.spec
         feed = iter(inputs)
+        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
         args: list[Any] = []
         outputs: list[torch.Tensor] = []
         for a in spec.args:
             if a.kind == "input":
                 args.append(next(feed))
             elif a.kind == "output":
-                out = torch.empty(self.shapes[a.name], dtype=_dtype(a.dtype, a.name))
+                out = torch.empty(self.shapes[a.name], dtype=_dtype(a.dtype, a.name), device=device)
                 outputs.append(out)
                 args.append(out)
             else:

@@ -1,0 +1,49 @@
+"""Executor plugins: the local pool keeps job order; Ray is optional and says so when missing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from kfoundry.core.errors import KfError
+from kfoundry.core.evaluation import EvalJob
+from kfoundry.core.models import Candidate, Outcome
+from kfoundry.core.plugins import get_plugin
+from kfoundry.plugins.executors.local import LocalExecutor, LocalOptions
+from tests.eval_helpers import BAD, EXAMPLES, fast_config
+
+
+def test_local_executor_runs_jobs_concurrently_in_order() -> None:
+    config = fast_config(trials=2)
+    problem = str(EXAMPLES / "kernelbench" / "vector_add.py")
+    sources = [
+        BAD / "wrong_shape.py",
+        EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py",
+        BAD / "compile_error.py",
+    ]
+    jobs = [
+        EvalJob(
+            problem_path=problem,
+            shapes={"N": 512},
+            candidate=Candidate(source=p.read_text()),
+            evaluation=config.evaluation,
+            seeds=[1, 2],
+            backend_plugin="opencl",
+        )
+        for p in sources
+    ]
+    results = LocalExecutor(LocalOptions(workers=3)).run(jobs)
+    assert [r.outcome for r in results] == [Outcome.wrong_shape, Outcome.correct, Outcome.compile_error]
+    assert results[1].timing is not None and results[1].wall_s > 0
+
+
+def test_local_is_the_registered_default() -> None:
+    executor = get_plugin("executor", "local").build({"workers": 2})
+    assert isinstance(executor, LocalExecutor) and executor.options.workers == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="ray is installed")
+def test_ray_executor_without_ray_is_a_clear_error() -> None:
+    with pytest.raises(KfError, match=r"pip install 'kfoundry\[ray\]'"):
+        get_plugin("executor", "ray").build({})
