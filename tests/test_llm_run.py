@@ -108,6 +108,7 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f
     assert KEY not in done.stdout + done.stderr
+    assert f"{len(sent)} calls, {used} tokens" in done.stdout and "LLM budget exhausted" in done.stdout
 
     # replay: `kf-run replay RUN_DIR` serves every model reply from the recording, with no server and no key
     code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"

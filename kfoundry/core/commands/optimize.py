@@ -91,6 +91,10 @@ def print_summary(console: Console, loop: OptimizeLoop, summary: LoopSummary) ->
     console.print(table)
     best = summary.best
     console.print(f"stopped: {summary.stop_reason} · {summary.generations} generations, {summary.evaluations} evaluations")
+    usage = getattr(loop.generator, "usage", None)  # an LLM ensemble reports its spend
+    if callable(usage):
+        u = usage()
+        console.print(f"LLM: {u['calls']} calls, {u['tokens_in'] + u['tokens_out']} tokens, ${u['cost_usd']:.4f}")
     if best is None or not best.record.is_correct:
         console.print("[red]no correct kernel found[/red]")
         return
