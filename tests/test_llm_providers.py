@@ -220,3 +220,12 @@ def test_anthropic_large_max_tokens_without_streaming(server: LLMServer, tmp_pat
     [prop] = make("anthropic", server, tmp_path, max_tokens=64000).propose(request())
     assert prop.candidate is not None  # the SDK's long-request guard is satisfied by the explicit timeout
     assert server.calls("anthropic")[0]["body"]["max_tokens"] == 64000
+
+
+def test_denser_prompts_than_assumed_tighten_the_estimate(server: LLMServer, tmp_path: Path) -> None:
+    p = make("openai", server, tmp_path, max_tokens=100)
+    chars = len(p.builder.generation(request()).text)
+    server.openai.push(Reply(fenced(vecadd()), tokens_in=chars // 2, tokens_out=50))  # 2 chars per token
+    p.propose(request())
+    assert p.ledger.chars_per_token == pytest.approx(0.9 * chars / (chars // 2))
+    assert estimate_tokens("x" * 1800, p.ledger.chars_per_token) == 1000

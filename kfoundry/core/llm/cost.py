@@ -33,9 +33,9 @@ class Price(BaseModel):
         return (tokens_in * self.input_per_mtok + tokens_out * self.output_per_mtok) / 1e6
 
 
-def estimate_tokens(text: str) -> int:
-    """A conservative token estimate (about 3 characters per token for code-heavy prompts)."""
-    return max(1, math.ceil(len(text) / 3))
+def estimate_tokens(text: str, chars_per_token: float = 3.0) -> int:
+    """A conservative token estimate (3 characters per token unless the run has seen denser text)."""
+    return max(1, math.ceil(len(text) / chars_per_token))
 
 
 @dataclass
@@ -69,6 +69,8 @@ class CostLedger:
     max_cost_usd: float | None = None
     total: Usage = field(default_factory=Usage)
     by_member: dict[str, Usage] = field(default_factory=dict)
+    #: Characters per prompt token assumed when reserving: 3, or less once a denser prompt was seen.
+    chars_per_token: float = 3.0
     _reserved_tokens: int = 0
     _reserved_cost: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -123,6 +125,12 @@ class CostLedger:
                 usage.tokens_in += tokens_in
                 usage.tokens_out += tokens_out
                 usage.cost_usd += cost
+
+    def observe_prompt(self, chars: int, tokens: int) -> None:
+        """Learn from a served prompt: if it was denser than assumed, assume denser (with 10% margin)."""
+        if tokens > 0 and chars > 0:
+            with self._lock:
+                self.chars_per_token = min(self.chars_per_token, 0.9 * chars / tokens)
 
     def add(self, member: str, tokens_in: int, tokens_out: int, cost: float) -> None:
         """Count usage that happened outside a reservation (calls of a run before it was resumed)."""

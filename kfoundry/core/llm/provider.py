@@ -183,7 +183,7 @@ class LLMProvider(Generator):
         :class:`LLMError` on a permanent failure.
         """
         limit = min(max_tokens or self.options.max_tokens, self.options.max_tokens)
-        estimate = estimate_tokens(prompt.text)
+        estimate = estimate_tokens(prompt.text, self.ledger.chars_per_token)
         try:
             reservation = self.ledger.reserve(estimate, limit, self.price)
         except LLMBudgetExhausted as exc:  # recorded (nothing sent) so the store shows where the cap cut
@@ -254,6 +254,7 @@ class LLMProvider(Generator):
             else self.price.cost(completion.tokens_in, completion.tokens_out)
         )
         self.ledger.settle(reservation, self.name, completion.tokens_in, completion.tokens_out, cost)
+        self.ledger.observe_prompt(len(prompt.text), completion.tokens_in)
         self._record(
             record.model_copy(
                 update={
