@@ -48,6 +48,8 @@ def test_clean_candidate_passes() -> None:
         ("t = torch._C._get_tracing_state", "access to ._C"),
         ("import time\ntime.perf_counter = lambda: 0", "access to .perf_counter"),
         ("from . import sibling", "relative import"),
+        ("torch.allclose = lambda *a, **k: True", "assignment to torch.allclose"),
+        ("torch.Tensor.sum += 0", "assignment to torch.Tensor.sum"),
     ],
 )
 def test_banned_constructs(snippet: str, reason: str) -> None:

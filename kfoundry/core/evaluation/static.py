@@ -81,6 +81,22 @@ def _names(tree: ast.AST) -> list[str]:
     return reasons
 
 
+def _patching(tree: ast.AST) -> list[str]:
+    """Assignments to attributes of anything but ``self`` (monkey-patching torch, numpy, the harness)."""
+    reasons: list[str] = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and _dotted(sub).split(".")[0] not in ("self", ""):
+                    reasons.append(f"line {node.lineno}: assignment to {_dotted(sub)} (patching) is not allowed")
+    return reasons
+
+
 def _torch_aliases(tree: ast.AST) -> tuple[set[str], set[str]]:
     """Names bound to the torch module and to torch.nn.functional."""
     torch_names, functional = {"torch"}, {"F"}
@@ -139,4 +155,4 @@ def check_source(candidate: Candidate) -> list[str]:
     except SyntaxError:
         return []
     allowed = ALLOWED_IMPORTS | CUDA_IMPORTS if candidate.language == "cuda" else ALLOWED_IMPORTS
-    return _imports(tree, allowed) + _names(tree) + _model_new(tree)
+    return _imports(tree, allowed) + _names(tree) + _patching(tree) + _model_new(tree)

@@ -17,6 +17,12 @@ from kfoundry.core.models import Outcome
 
 LOW_PRECISION = {torch.float16, torch.bfloat16}
 
+# Bound at import, before any candidate code runs in the worker (a candidate cannot re-point them).
+_equal = torch.equal
+_allclose = torch.allclose
+_isnan = torch.isnan
+_isfinite = torch.isfinite
+
 
 @dataclass
 class Verdict:
@@ -33,7 +39,7 @@ def tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tu
 def _unwritten(out: torch.Tensor, ref: torch.Tensor) -> int:
     """Elements still holding the poison (NaN where the reference has none)."""
     if out.dtype.is_floating_point:
-        return int((torch.isnan(out) & ~torch.isnan(ref)).sum())
+        return int((_isnan(out) & ~_isnan(ref)).sum())
     return 0
 
 
@@ -63,7 +69,7 @@ def check_trial(
         if out.dtype != ref.dtype:
             return Verdict(Outcome.mismatch, f"output {i} has dtype {out.dtype}, expected {ref.dtype}")
     for i, (now, before) in enumerate(zip(inputs, snapshots, strict=True)):
-        if isinstance(now, torch.Tensor) and not torch.equal(now, before) and not _same_with_nan(now, before):
+        if isinstance(now, torch.Tensor) and not _equal(now, before) and not _same_with_nan(now, before):
             return Verdict(Outcome.rejected, f"the candidate modified input {i}")
     for i, (out, ref) in enumerate(zip(outputs, references, strict=True)):
         if not isinstance(ref, torch.Tensor):
@@ -77,11 +83,11 @@ def check_trial(
         if _is_constant(out) and not _is_constant(ref):
             return Verdict(Outcome.rejected, f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies")
         if out.dtype.is_floating_point:
-            bad = ~torch.isfinite(out) & torch.isfinite(ref)
+            bad = ~_isfinite(out) & _isfinite(ref)
             if bool(bad.any()):
                 return Verdict(Outcome.mismatch, f"output {i}: {int(bad.sum())} NaN/Inf values where the reference is finite")
         a, r = tolerances(ref.dtype, atol, rtol)
-        if not torch.allclose(out.double(), ref.double(), atol=a, rtol=r, equal_nan=True):
+        if not _allclose(out.double(), ref.double(), atol=a, rtol=r, equal_nan=True):
             diff = (out.double() - ref.double()).abs()
             diff = torch.nan_to_num(diff, nan=float("inf"))
             worst = int(diff.reshape(-1).argmax())
@@ -96,7 +102,7 @@ def check_trial(
 
 
 def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype.is_floating_point and a.shape == b.shape and bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+    return a.dtype.is_floating_point and a.shape == b.shape and bool(_equal(torch.nan_to_num(a), torch.nan_to_num(b)))
 
 
 def check_independence(outputs_per_trial: Sequence[Sequence[Any]], refs_per_trial: Sequence[Sequence[Any]]) -> Verdict | None:
@@ -106,6 +112,6 @@ def check_independence(outputs_per_trial: Sequence[Sequence[Any]], refs_per_tria
             prev_out, prev_ref = outputs_per_trial[0][i], refs_per_trial[0][i]
             if not isinstance(ref, torch.Tensor) or not isinstance(out, torch.Tensor):
                 continue
-            if torch.equal(out, prev_out) and not torch.equal(ref, prev_ref):
+            if _equal(out, prev_out) and not _equal(ref, prev_ref):
                 return Verdict(Outcome.rejected, f"output {i} does not depend on the input (identical across trials)")
     return None
