@@ -89,6 +89,26 @@ PROBLEMS = {
         def get_inputs(): return [torch.rand(8, 64), torch.rand(8, 64)]
         def get_init_inputs(): return []
     """,
+    "depthwise_conv2d": """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4, bias=True)
+            def forward(self, x):
+                return self.conv(x)
+        def get_inputs(): return [torch.rand(2, 4, 9, 11)]
+        def get_init_inputs(): return []
+    """,
+    "rotary": """
+        class Model(nn.Module):
+            def forward(self, x, cos, sin):
+                half = x.shape[-1] // 2
+                x1, x2 = x[..., :half], x[..., half:]
+                c, s = cos[None, :, None, :], sin[None, :, None, :]
+                return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+        def get_inputs(): return [torch.rand(2, 6, 3, 8), torch.rand(6, 4), torch.rand(6, 4)]
+        def get_init_inputs(): return []
+    """,
 }
 
 FAMILY = {"linear": "matmul"}
@@ -207,7 +227,9 @@ NVCC = shutil.which("nvcc")
 
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-@pytest.mark.parametrize("name", ["matmul", "linear", "softmax", "layer_norm", "rms_norm", "elementwise"])
+@pytest.mark.parametrize(
+    "name", ["matmul", "linear", "softmax", "layer_norm", "rms_norm", "elementwise", "depthwise_conv2d", "rotary"]
+)
 def test_cuda_recipes_compile_for_sm90(name: str, tmp_path: Path) -> None:
     for recipe in OfflineGenerator().recipes(summary(name), "cuda"):
         src = tmp_path / "k.cu"

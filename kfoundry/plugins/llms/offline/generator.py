@@ -17,7 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from kfoundry.core.descriptors import DescriptorExtractor, get_extractor
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported, ProblemSummary
 from kfoundry.core.models import Candidate, ParamValue, Proposal, stable_hash
-from kfoundry.plugins.llms.offline import cookbook_elementwise, cookbook_matmul, cookbook_rows
+from kfoundry.plugins.llms.offline import (
+    cookbook_conv_rotary,
+    cookbook_elementwise,
+    cookbook_matmul,
+    cookbook_rows,
+)
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec, recognize
 
@@ -29,6 +34,8 @@ _COOKBOOKS = {
     "layer_norm": cookbook_rows,
     "rms_norm": cookbook_rows,
     "reduce": cookbook_rows,
+    "depthwise_conv2d": cookbook_conv_rotary,
+    "rotary": cookbook_conv_rotary,
 }
 
 

@@ -94,3 +94,32 @@ class ModelNew(nn.Module):
             label=self.name,
             meta={"recipe": self.name, "rank": self.rank, **meta},
         )
+
+
+_TO_CUDA = [
+    (r"__kernel\s+void", 'extern "C" __global__ void'),
+    (r"__global\s+const\s+float\s*\*\s*restrict", "const float* __restrict__"),
+    (r"__global\s+float\s*\*\s*restrict", "float* __restrict__"),
+    (r"__global\s+", ""),
+    (r"get_global_id\(0\)", "(blockIdx.x * blockDim.x + threadIdx.x)"),
+    (r"get_global_id\(1\)", "(blockIdx.y * blockDim.y + threadIdx.y)"),
+    (r"get_global_id\(2\)", "(blockIdx.z * blockDim.z + threadIdx.z)"),
+    (r"get_local_id\(0\)", "threadIdx.x"),
+    (r"get_local_id\(1\)", "threadIdx.y"),
+    (r"get_group_id\(0\)", "blockIdx.x"),
+    (r"get_group_id\(1\)", "blockIdx.y"),
+    (r"get_group_id\(2\)", "blockIdx.z"),
+    (r"__local\b", "__shared__"),
+    (r"barrier\(CLK_LOCAL_MEM_FENCE\)", "__syncthreads()"),
+    (r"\(long\)", "(long long)"),
+    (r"\bfma\(", "fmaf("),
+]
+
+
+def to_cuda(source: str) -> str:
+    """Translate a scalar OpenCL C kernel (no vector types) into the equivalent CUDA kernel."""
+    import re
+
+    for pattern, repl in _TO_CUDA:
+        source = re.sub(pattern, repl, source)
+    return source

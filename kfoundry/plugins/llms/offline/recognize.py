@@ -24,7 +24,9 @@ from torch.fx.passes.shape_prop import ShapeProp
 from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
 from kfoundry.plugins.llms.offline.elementwise_ops import node_expr
 
-FAMILIES = ("elementwise", "matmul", "softmax", "log_softmax", "layer_norm", "rms_norm", "reduce")
+FAMILIES = (
+    "elementwise", "matmul", "softmax", "log_softmax", "layer_norm", "rms_norm", "reduce", "depthwise_conv2d", "rotary",
+)
 
 
 @dataclass
@@ -54,6 +56,8 @@ class OpSpec:
     modules: list[str] = field(default_factory=list)
     #: Attribute path of the parameter module used by the kernel (``self.<name>``).
     param_module: str = ""
+    #: Family-specific sizes (depthwise conv: N, C, H, W, KS, stride, pad, OH, OW; rotary: axes).
+    dims: dict[str, int] = field(default_factory=dict)
 
     @property
     def numel(self) -> int:
@@ -76,6 +80,11 @@ def _module_ctor(mod: nn.Module) -> str:
     """Python constructor text for a parameter module (recreates its RNG draws in order)."""
     if isinstance(mod, nn.Linear):
         return f"nn.Linear({mod.in_features}, {mod.out_features}, bias={mod.bias is not None})"
+    if isinstance(mod, nn.Conv2d):
+        return (
+            f"nn.Conv2d({mod.in_channels}, {mod.out_channels}, {mod.kernel_size[0]}, stride={mod.stride[0]}, "
+            f"padding={mod.padding[0]}, groups={mod.groups}, bias={mod.bias is not None})"
+        )
     if isinstance(mod, nn.LayerNorm):
         return (
             f"nn.LayerNorm({tuple(mod.normalized_shape)!r}, eps={mod.eps!r}, "
@@ -122,7 +131,7 @@ def recognize(problem: ProblemSummary) -> OpSpec:
     t = _Trace(problem)
     anchors = [n for n in t.nodes if node_expr(n, t.gm, lambda a: "x", "opencl") is None]
     anchors = [n for n in anchors if not (n.op == "call_function" and n.target is operator.getitem)]
-    for recognizer in (_elementwise, _matmul, _rows, _rms_norm):
+    for recognizer in (_elementwise, _matmul, _rows, _rms_norm, _depthwise, _rotary):
         spec = recognizer(t, anchors)
         if spec is not None:
             _confirm(t, spec)
@@ -337,9 +346,56 @@ def _rms_norm(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     )
 
 
+def _depthwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    if len(anchors) != 1 or anchors[0].op != "call_module" or t.out is not anchors[0] or len(t.inputs) != 1:
+        return None
+    conv = t.gm.get_submodule(anchors[0].target)
+    if not isinstance(conv, nn.Conv2d):
+        return None
+    square = conv.kernel_size[0] == conv.kernel_size[1] and conv.stride[0] == conv.stride[1]
+    if not (conv.groups == conv.in_channels == conv.out_channels and square and conv.dilation == (1, 1)
+            and isinstance(conv.padding, tuple) and conv.padding[0] == conv.padding[1]
+            and conv.padding_mode == "zeros"):
+        raise GeneratorUnsupported("offline generator: only depthwise square 2-D convolutions are in the cookbook")
+    n, c, h, w = t.inputs[0].shape
+    out = t.shape(t.out)
+    dims = {"N": n, "C": c, "H": h, "W": w, "KS": conv.kernel_size[0], "stride": conv.stride[0],
+            "pad": conv.padding[0], "OH": out[2], "OW": out[3]}
+    return OpSpec(family="depthwise_conv2d", input_shapes=[[n, c, h, w]], output_shape=out, dims=dims,
+                  bias=conv.bias is not None, modules=[_module_ctor(m) for m in t.modules],
+                  param_module=str(anchors[0].target))
+
+
+def _rotary(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    """Rotate-half rotary embedding of x [..., S, ..., D] by cos/sin [S, D/2]: confirmed numerically."""
+    if len(t.inputs) != 3 or not any(n.target is torch.cat for n in t.nodes):
+        return None
+    x, cos, sin = t.inputs
+    if cos.dim() != 2 or cos.shape != sin.shape or x.shape[-1] != 2 * cos.shape[1]:
+        return None
+    for axis in [a for a in range(x.dim() - 1) if x.shape[a] == cos.shape[0]]:
+        dims = {"S": x.shape[axis], "half": cos.shape[1], "inner": math.prod(x.shape[axis + 1 : -1]),
+                "outer": math.prod(x.shape[:axis])}
+        spec = OpSpec(family="rotary", input_shapes=[list(i.shape) for i in t.inputs], output_shape=list(x.shape),
+                      dims=dims)
+        expected = spec_reference(spec, t.model, t.inputs)
+        with torch.no_grad():
+            got = t.model(*t.inputs)
+        if expected is not None and got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5):
+            return spec
+    return None
+
+
 def spec_reference(spec: OpSpec, model: nn.Module, inputs: list[torch.Tensor]) -> torch.Tensor | None:
     """What the cookbook will compute, in torch (None where the kernel itself is the check)."""
     x = inputs[0]
+    if spec.family == "rotary":
+        d = spec.dims
+        v = x.reshape(d["outer"], d["S"], d["inner"], 2 * d["half"])
+        x1, x2 = v[..., : d["half"]], v[..., d["half"] :]
+        c = inputs[1][None, :, None, :]
+        s = inputs[2][None, :, None, :]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).reshape(x.shape)
     if spec.family == "rms_norm":
         v = x.reshape(spec.outer, spec.R, spec.inner)
         y = v / torch.sqrt((v * v).mean(dim=1, keepdim=True) + spec.eps)

@@ -1,0 +1,116 @@
+"""Compare search strategies (MAP-Elites, GA, random) at equal evaluation budgets over several seeds.
+
+Every run is a real optimize loop (offline generator, real evaluations on the chosen backend). All
+runs share one store, so a kernel proposed by two strategies is measured once and both see the same
+time: the comparison is about *what* each strategy finds, not about timing noise. Prints one row per
+(strategy, seed) and a summary per strategy: best speedup over the reference and over the naive seed
+kernel, and archive coverage (share of the 4x4x4 descriptor grid holding a correct elite).
+
+    python benchmarks/search.py                                  # matmul on PoCL, 3 seeds, 24 evaluations
+    python benchmarks/search.py --problem examples/kernelbench/softmax.py --evaluations 30 --seeds 5
+    python benchmarks/search.py --backend cuda --shape M=4096 --shape N=4096 --shape K=4096   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kfoundry.core.config import load_config
+from kfoundry.core.evaluation import Evaluator
+from kfoundry.core.loop import OptimizeLoop, find_seed_kernel, new_run_dir
+from kfoundry.core.problem import load_problem, parse_shape_overrides
+from kfoundry.core.store import Store
+
+FAST = [
+    "evaluation.trials=3", "evaluation.target_time_s=0.1", "evaluation.warmup_s=0.02", "evaluation.min_repeats=5",
+]
+
+
+def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluations: int, backend: str,
+            store: Store, out: Path, fast: bool) -> dict:
+    overrides = [f"search.name={strategy}", f"seed={seed}", f"budget.evaluations={evaluations}",
+                 "budget.generations=1000", "tuner.every=-1", f"backend.name={backend}", f"output_dir={out}"]
+    config = load_config(overrides=overrides + (FAST if fast else []))
+    problem = load_problem(problem_path, shapes)
+    run_id, run_dir = new_run_dir(config, f"{problem.name}-{strategy}-s{seed}")
+    evaluator = Evaluator(problem, config, store, run_id)
+    seed_kernel = find_seed_kernel(problem_path, evaluator.backend.language)
+    loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, seed_kernel=seed_kernel)
+    t0 = time.monotonic()
+    summary = loop.run()
+    best = summary.best
+    return {
+        "strategy": strategy, "seed": seed, "evaluations": summary.evaluations,
+        "speedup": best.record.speedup if best and best.record.is_correct else None,
+        "vs_seed": summary.speedup_over_seed, "coverage": summary.coverage,
+        "best": best.candidate.label if best else "-", "params": best.candidate.params if best else {},
+        "wall_s": time.monotonic() - t0,
+    }
+
+
+def _fmt(x: float | None, spec: str = ".2f", suffix: str = "x") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--problem", default="examples/kernelbench/matmul.py")
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--strategies", default="map_elites,ga,random_search")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--evaluations", type=int, default=24)
+    parser.add_argument("--backend", default="opencl")
+    parser.add_argument("--full-timing", action="store_true", help="use the default (slower) evaluation settings")
+    parser.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
+    args = parser.parse_args()
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="kf-bench-search-"))
+    store = Store(out / "shared.db")
+    shapes = parse_shape_overrides(args.shape)
+    console = Console()
+    rows = []
+    for seed in range(args.seeds):
+        for strategy in args.strategies.split(","):
+            row = run_one(Path(args.problem), shapes, strategy, seed, args.evaluations, args.backend, store, out,
+                          not args.full_timing)
+            console.print(f"[dim]{strategy} seed {seed}: best {_fmt(row['speedup'])} ({row['best']}), "
+                          f"coverage {row['coverage']:.0%}, {row['wall_s']:.0f} s[/dim]")
+            rows.append(row)
+
+    table = Table(title=f"search strategies on {Path(args.problem).name} ({args.backend}), "
+                        f"{args.evaluations} evaluations per run")
+    for col in ("strategy", "seed", "best kernel", "speedup vs reference", "vs naive seed", "coverage", "evals"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}", _fmt(r["speedup"]),
+                      _fmt(r["vs_seed"], ".1f"), f"{r['coverage']:.0%}", str(r["evaluations"]))
+    console.print(table)
+
+    summary = Table(title=f"per strategy over {args.seeds} seeds (median [min-max])")
+    for col in ("strategy", "best speedup vs reference", "vs naive seed", "coverage"):
+        summary.add_column(col)
+    for strategy in args.strategies.split(","):
+        mine = [r for r in rows if r["strategy"] == strategy]
+
+        def agg(key: str, mine: list[dict] = mine, pct: bool = False) -> str:
+            vals = [r[key] for r in mine if r[key] is not None]
+            if not vals:
+                return "-"
+            if pct:
+                return f"{statistics.median(vals):.0%} [{min(vals):.0%}-{max(vals):.0%}]"
+            return f"{statistics.median(vals):.2f}x [{min(vals):.2f}-{max(vals):.2f}]"
+
+        summary.add_row(strategy, agg("speedup"), agg("vs_seed"), agg("coverage", pct=True))
+    console.print(summary)
+    console.print(f"runs and the shared store: {out}")
+
+
+if __name__ == "__main__":
+    main()
