@@ -134,6 +134,13 @@ class Backend(ABC):
         self.device = chosen
         return chosen
 
+    def device_timer(self) -> Callable[[Callable[[], object]], float] | None:
+        """A device-side clock for one call, in ms (e.g. CUDA events), or None: the timer uses the host clock.
+
+        It must wait for the call's work to finish before returning, on every queue the call may use.
+        """
+        return None
+
     def require_device(self) -> DeviceProfile:
         """The selected device, selecting the first one if none was chosen yet."""
         return self.device or self.select_device(None)

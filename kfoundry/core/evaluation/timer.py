@@ -52,8 +52,13 @@ def measure(
     target_time_s: float,
     min_repeats: int,
     max_repeats: int,
+    device_timer: Callable[[Callable[[], object]], float] | None = None,
 ) -> TimingStats:
-    """Time ``call(i)`` (``i`` picks the rotated input set), syncing the device before each clock read."""
+    """Time ``call(i)`` (``i`` picks the rotated input set), syncing the device before each clock read.
+
+    With ``device_timer`` (a backend's device-side clock, see ``Backend.device_timer``) each repeat is
+    timed by it instead of the host clock.
+    """
     i = 0
     sync()
     start = _clock_ns()
@@ -67,6 +72,10 @@ def measure(
     repeats = int(min(max_repeats, max(min_repeats, math.ceil(target_time_s / max(per_call_s, 1e-9)))))
     times: list[float] = []
     for _ in range(repeats):
+        if device_timer is not None:
+            times.append(device_timer(lambda j=i: call(j)))
+            i += 1
+            continue
         sync()
         t0 = _clock_ns()
         call(i)

@@ -103,6 +103,7 @@ def _time(model: Any, problem: Problem, job: EvalJob, backend: Backend, guard: F
             target_time_s=ev.target_time_s,
             min_repeats=ev.min_repeats,
             max_repeats=ev.max_repeats,
+            device_timer=backend.device_timer(),
         )
 
 

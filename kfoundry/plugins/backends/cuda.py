@@ -8,6 +8,7 @@ source name (``extern "C"`` names, or the name inside a C++ mangled symbol).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field
@@ -33,6 +34,9 @@ from kfoundry.plugins.backends.cuda_launch import (
     is_sticky_error,
     require_torch_cuda,
 )
+
+#: Bytes written before each timed call to evict the inputs from L2 (triton.testing.do_bench's size).
+L2_FLUSH_BYTES = 256 * 2**20
 
 
 class CudaOptions(BackendOptions):
@@ -155,6 +159,36 @@ class CudaBackend(Backend):
             kernels[name] = kernel
             resources.setdefault(name, {}).update({f"driver_{k}": v for k, v in kernel.attributes().items()})
         return KernelModule(kernels, resources, result.compile_time_s, result.log)
+
+    def device_timer(self) -> Callable[[Callable[[], object]], float] | None:
+        """CUDA-event timing of one call on the current stream, L2 flushed first (as do_bench does).
+
+        The flush keeps the GPU busy while the host issues the call, so launch overhead is not
+        counted. The whole device is then synchronised; if the host saw far more time than the
+        events did (work hidden on another stream), the host time is what counts.
+        """
+        if not self.capabilities().can_run:
+            return None
+        import time
+
+        import torch
+
+        flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.torch_device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def timed(call: Callable[[], object]) -> float:
+            self.synchronize()
+            flush.zero_()
+            t0 = time.perf_counter()
+            start.record()
+            call()
+            end.record()
+            self.synchronize()
+            host_ms = (time.perf_counter() - t0) * 1e3
+            event_ms = float(start.elapsed_time(end))
+            return event_ms if host_ms <= 2 * event_ms + 1.0 else host_ms
+
+        return timed
 
     def synchronize(self) -> None:
         import torch

@@ -162,14 +162,16 @@ def compile_nvrtc(source: str, arch: str, options: list[str]) -> CompileResult:
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _nvrtc_check(err, "get log size")
-        buf = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\x00 ").decode(errors="replace")
+        log = ""
+        if size > 1:  # a fresh buffer: never a shared one-byte bytes object (the binding writes into it)
+            buf = bytes(bytearray(size))
+            nvrtc.nvrtcGetProgramLog(prog, buf)
+            log = buf.rstrip(b"\x00 ").decode(errors="replace")
         if int(status) != 0:
             raise CompileFailed(_first_error(log) or f"NVRTC compile failed: {status}", log=log)
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _nvrtc_check(err, "get cubin size")
-        cubin = b" " * size
+        cubin = bytes(bytearray(size))
         _nvrtc_check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
