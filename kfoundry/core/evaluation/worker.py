@@ -128,7 +128,7 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
     except Exception as exc:
         return JobResult(outcome=Outcome.runtime_error, message=f"building ModelNew: {type(exc).__name__}: {exc}", log=_tb(exc))
     compile_s = (_clock_ns() - start) / 1e9
-    log = "\n".join(m.log for m in recorder.modules if m.log)
+    log = "\n".join([f"trial input seeds: {job.seeds}"] + [m.log for m in recorder.modules if m.log])
     resources: dict[str, Any] = {}
     for m in recorder.modules:
         resources.update(m.resources)
