@@ -28,6 +28,7 @@ DEFINES: dict[str, dict[str, int]] = {
     "rms_norm": {"COLS": 16384, "CLUSTER": 1, "BLOCK": 512},
     "layer_norm": {"BLOCK": 512, "CHUNK": 16384, "VEC": 4},
     "depthwise_conv2d": {"KS": 3},
+    "matmul_tuned": {"BM": 128, "BN": 128, "BK": 16, "TM": 8, "TN": 8, "PAD": 0},
 }
 
 
@@ -47,7 +48,8 @@ def time_compiles(source: str, defines: dict[str, int], compiler: str, repeats: 
     backend = CudaBackend(CudaOptions(compiler=compiler))  # type: ignore[arg-type]
     compile_s, load_s, kernels, reported = [], [], 0, []
     for _ in range(repeats):
-        unique = f"{source}\n// kf-compile-latency {uuid.uuid4().hex}\n"  # defeats any compile cache
+        salt = uuid.uuid4().hex
+        unique = f"{source}\n__device__ int kf_salt_{salt} = 1;\n"  # new code each time: no cache can answer
         started = time.perf_counter()
         result = backend.compile(unique, defines=defines)
         compile_s.append(time.perf_counter() - started)
@@ -106,12 +108,17 @@ def main() -> None:
         source = kernel_source(path)
         row: dict[str, Any] = {"candidate": name}
         for compiler in compilers:
-            row[compiler] = time_compiles(source, DEFINES.get(name, {}), compiler, args.repeats, can_run)
+            try:
+                row[compiler] = time_compiles(source, DEFINES.get(name, {}), compiler, args.repeats, can_run)
+            except Exception as exc:  # record and go on: one broken compile must not hide the others
+                row[compiler] = {"error": ascii(f"{type(exc).__name__}: {exc}")[:300], "compile_s": float("nan"),
+                                 "load_s": None, "kernels": 0}
         rows.append(row)
         print(json.dumps(row), flush=True)
     summary: dict[str, Any] = {"rows": rows}
     for compiler in compilers:
-        summary[f"median_{compiler}_s"] = statistics.median(r[compiler]["compile_s"] for r in rows)
+        ok = [r[compiler]["compile_s"] for r in rows if "error" not in r[compiler]]
+        summary[f"median_{compiler}_s"] = statistics.median(ok) if ok else float("nan")
     if args.inline:
         summary["load_inline"] = time_load_inline(args.inline)
     if args.json:

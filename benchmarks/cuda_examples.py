@@ -120,22 +120,30 @@ def time_inprocess(problem: Any, best: Path | Any | None, compile_ref: bool) -> 
                 torch.cuda.synchronize()
                 first_s = time.perf_counter() - started
                 err = float((got.double() - expected.double()).norm() / expected.double().norm())
-                medians = []
+                medians, device_medians = [], []
                 for _ in range(3):
                     stats = measure(lambda i, m=model: m(*inputs), backend.synchronize, warmup_s=0.1,
                                     target_time_s=0.3, min_repeats=10, max_repeats=200)
                     medians.append(stats.median_ms)
+                    stats = measure(lambda i, m=model: m(*inputs), backend.synchronize, warmup_s=0.1,
+                                    target_time_s=0.3, min_repeats=10, max_repeats=200, device_timer=backend.device_timer())
+                    device_medians.append(stats.median_ms)
                 dobench = triton.testing.do_bench(lambda m=model: m(*inputs), warmup=50, rep=300, return_mode="median")
             except Exception as exc:  # torch.compile can fail on a new shape; report, go on
                 out[label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
                 continue
-            ours = statistics.median(medians)
+            host = statistics.median(medians)
+            ours = statistics.median(device_medians)
             out[label] = {
                 "ours_ms": ours,
-                "ours_runs_ms": medians,
-                "run_to_run_spread": (max(medians) - min(medians)) / ours,
+                "ours_runs_ms": device_medians,
+                "run_to_run_spread": (max(device_medians) - min(device_medians)) / ours,
                 "do_bench_ms": dobench,
                 "ours_vs_do_bench": ours / dobench - 1.0,
+                "host_ms": host,
+                "host_runs_ms": medians,
+                "host_spread": (max(medians) - min(medians)) / host,
+                "host_vs_do_bench": host / dobench - 1.0,
                 "rel_error": err,
                 "first_call_s": first_s,
                 "roofline": roofline_fraction(device, ours / 1e3, analysis.bytes_moved, analysis.flops),
@@ -158,8 +166,8 @@ def _ms(value: float | None) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     """A markdown table: one row per problem (best correct candidate)."""
     lines = [
-        "| problem | candidate | verdict | median ms | eager ms | compile ms | x eager | x compile | roofline | ours/do_bench | spread |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| problem | candidate | verdict | median ms | eager ms | compile ms | x eager | x compile | roofline | ours/do_bench | spread | host/do_bench |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         best = r.get("best") or (r["candidates"][0] if r["candidates"] else {})
@@ -172,7 +180,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['problem']} | {best.get('candidate', '-')} | {best.get('outcome', '-')} | {_ms(mine)} | {_ms(eager)} | {_ms(comp)} | "
             f"{(eager / mine) if eager and mine else float('nan'):.2f} | {(comp / mine) if comp and mine else float('nan'):.2f} | "
             f"{_pct(cand.get('roofline') or best.get('roofline'))} | "
-            f"{cand.get('ours_vs_do_bench', float('nan')) * 100:+.1f}% | {_pct(cand.get('run_to_run_spread'))} |"
+            f"{cand.get('ours_vs_do_bench', float('nan')) * 100:+.1f}% | {_pct(cand.get('run_to_run_spread'))} | "
+            f"{cand.get('host_vs_do_bench', float('nan')) * 100:+.1f}% |"
         )
     return "\n".join(lines)
 
@@ -185,6 +194,7 @@ def main() -> None:
     parser.add_argument("--inline", action="store_true", help="also evaluate load_inline candidates")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
     parser.add_argument("--no-inprocess", dest="inprocess", action="store_false", help="evaluator only")
+    parser.add_argument("--skip-eval", action="store_true", help="only the in-process timer comparison")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, default=None)
@@ -199,6 +209,17 @@ def main() -> None:
             print(json.dumps({"problem": name, "skipped": "no candidate"}), flush=True)
             continue
         used = {} if args.small else shapes
+        if args.skip_eval:  # timer comparison only: no sandboxed evaluation
+            from kfoundry.core.problem import load_problem
+
+            problem = load_problem(ROOT / "examples/kernelbench" / f"{name}.py", used)
+            entry = {"problem": name, "shapes": used, "note": note, "candidates": [],
+                     "best": {"candidate": files[0].name, "outcome": "not evaluated", "source": str(files[0])}}
+            entry["timed"] = time_inprocess(problem, files[0], False)
+            results.append(entry)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+            continue
         problem, rows = evaluate_candidates(name, used, files, args.trials, args.timeout)
         correct = [r for r in rows if r["outcome"] == "correct"]
         best = min(correct, key=lambda r: r["median_ms"]) if correct else None

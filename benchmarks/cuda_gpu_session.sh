@@ -35,8 +35,9 @@ for s in "$@"; do
     small) timeout 240 python3 benchmarks/cuda_examples.py --small --no-compile --no-inprocess --trials 2 --timeout 60 --json "$OUT/small.json" 2>&1 | grep -v Warning ;;
     spaces) timeout "${SPACES_TIMEOUT:-330}" python3 benchmarks/cuda_record_spaces.py --out "$OUT/spaces" 2>&1 | grep -v Warning ;;
     examples) timeout "${EXAMPLES_TIMEOUT:-540}" python3 benchmarks/cuda_examples.py ${ONLY:+--only $ONLY} --json "$OUT/examples.json" --markdown "$OUT/examples.md" 2>&1 | grep -v Warning ;;
-    inline) timeout 300 python3 benchmarks/cuda_examples.py --only gelu --inline --no-compile --json "$OUT/inline.json" 2>&1 | grep -v Warning ;;
-    offline) timeout "${OFFLINE_TIMEOUT:-480}" python3 benchmarks/cuda_offline.py --out /tmp/kf-runs ${ONLY:+--only $ONLY} --json "$OUT/offline.json" 2>&1 | grep -v -i warning ;;
+    timer) timeout 200 python3 benchmarks/cuda_examples.py --skip-eval --json "$OUT/timer.json" --markdown "$OUT/timer.md" 2>&1 | grep -v Warning ;;
+    inline) timeout "${INLINE_TIMEOUT:-300}" python3 benchmarks/cuda_examples.py --only gelu --inline --no-compile --json "$OUT/inline.json" 2>&1 | grep -v Warning ;;
+    offline) timeout "${OFFLINE_TIMEOUT:-480}" python3 benchmarks/cuda_offline.py --out /tmp/kf-runs --wall "${OFFLINE_WALL:-30}" --generations 2 ${ONLY:+--only $ONLY} --json "$OUT/offline.json" 2>&1 | grep -v -i warning ;;
     *) echo "unknown step $s" ;;
   esac
 done
