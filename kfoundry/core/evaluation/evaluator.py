@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata as md
 import secrets
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -68,6 +69,7 @@ class Evaluator:
         digest = hashlib.sha256(self._device.key.encode()).hexdigest()[:12]
         self.lock_path = str(Path(tempfile.gettempdir()) / f"kfoundry-bench-{digest}.lock")
         self._reference: TimingStats | None = None
+        self._reference_lock = threading.Lock()
         self._backend_plugin = _entry_point_of("backend", config.backend.name)
 
     # -- properties -----------------------------------------------------------------------------
@@ -107,6 +109,10 @@ class Evaluator:
 
     def reference_timing(self) -> TimingStats:
         """The reference's timing on this device, by the same harness (cached in the store)."""
+        with self._reference_lock:
+            return self._reference_timing()
+
+    def _reference_timing(self) -> TimingStats:
         if self._reference is not None:
             return self._reference
         key = stable_hash("reference", self.problem.key, self._device.key, self.toolchain, torch.__version__)
