@@ -47,3 +47,22 @@ def test_local_is_the_registered_default() -> None:
 def test_ray_executor_without_ray_is_a_clear_error() -> None:
     with pytest.raises(KfError, match=r"pip install 'kfoundry\[ray\]'"):
         get_plugin("executor", "ray").build({})
+
+
+def test_worker_output_joins_the_log() -> None:
+    seed = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
+    source = seed.replace(
+        "        c = torch.empty_like(a)",
+        "        print('hello from the candidate')\n        c = torch.empty_like(a)",
+    )
+    job = EvalJob(
+        problem_path=str(EXAMPLES / "kernelbench" / "vector_add.py"),
+        shapes={"N": 256},
+        candidate=Candidate(source=source),
+        evaluation=fast_config(trials=1).evaluation,
+        seeds=[7],
+        backend_plugin="opencl",
+    )
+    result = LocalExecutor().run([job])[0]
+    assert result.outcome is Outcome.correct, result.message
+    assert "hello from the candidate" in result.log and "trial input seeds: [7]" in result.log

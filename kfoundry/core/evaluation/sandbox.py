@@ -125,7 +125,10 @@ _server = ForkServer()
 
 def _tail(path: str) -> str:
     try:
-        return Path(path).read_bytes()[-LOG_TAIL:].decode(errors="replace").strip()
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - LOG_TAIL))
+            return handle.read().decode(errors="replace").strip()
     except OSError:
         return ""
 
