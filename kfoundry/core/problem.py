@@ -148,15 +148,14 @@ class Problem:
     def analysis(self) -> Analysis:
         """Run the reference once (seed 0): shapes, dtypes, bytes moved and FLOPs (cached)."""
         if self._analysis is None:
-            from torch.utils.flop_counter import FlopCounterMode
-
-            inputs = self.make_inputs(0)
-            model = self.make_reference()
-            try:
-                with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                    outputs = as_tensor_list(model(*inputs))
-            except Exception as exc:
-                raise ProblemError(f"{self.path}: the reference failed: {type(exc).__name__}: {exc}") from None
+            try:  # on the meta device: shapes and FLOPs without allocating or computing anything
+                with torch.device("meta"):
+                    inputs, outputs, flops = self._run_counted()
+            except Exception:
+                try:
+                    inputs, outputs, flops = self._run_counted()
+                except Exception as exc:
+                    raise ProblemError(f"{self.path}: the reference failed: {type(exc).__name__}: {exc}") from None
             tensors_in = [t for t in inputs if isinstance(t, torch.Tensor)]
             tensors_out = [t for t in outputs if isinstance(t, torch.Tensor)]
             self._analysis = Analysis(
@@ -165,9 +164,18 @@ class Problem:
                 output_shapes=[list(t.shape) for t in tensors_out],
                 output_dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors_out],
                 bytes_moved=sum(t.numel() * t.element_size() for t in tensors_in + tensors_out),
-                flops=float(counter.get_total_flops()),
+                flops=flops,
             )
         return self._analysis
+
+    def _run_counted(self) -> tuple[list[Any], list[Any], float]:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        inputs = self.make_inputs(0)
+        model = self.make_reference()
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            outputs = as_tensor_list(model(*inputs))
+        return inputs, outputs, float(counter.get_total_flops())
 
     @property
     def bytes_moved(self) -> int:
