@@ -101,6 +101,10 @@ def strip_comments(source: str) -> str:
 # Patterns shared by C-like kernel languages; language specifics are added below.
 _COMPUTE = [
     Pattern(1, r"\b(fma|mad|fmaf|__fmaf_rn)\s*\("),
+    # a multiply-accumulate into a register block or vector (what compilers fuse); scalar ones count half
+    Pattern(1, r"\bacc\w*(\s*\[[^\]]*\])+\s*\+=\s*[^;]*\*", 1.0),
+    Pattern(1, r"\+=\s*\(float(v|2|4|8|16)\)[^;]*\*", 1.0),
+    Pattern(1, r"\+=\s*[^;{)]*\*", 0.5),
     Pattern(1, r"\bFUSED\b|fused", 0.5),
     Pattern(2, r"online|ONLINE|running_(max|sum)|m_new|rescale", 1.0),
     Pattern(2, r"single[_ -]?pass|welford|Welford", 1.0),

@@ -71,7 +71,7 @@ __kernel void dwconv({sig}) {{
             for (int t = 0; t < OWT; ++t) {{
                 int iw = (ow0 + t) * D_STRIDE - D_PAD + j;
                 float v = (iw >= 0 && iw < D_W) ? row[iw] : 0.0f;
-                acc[t] = fma(v, wreg[i * D_KS + j], acc[t]);
+                acc[t] += v * wreg[i * D_KS + j];
             }}
     }}
     #pragma unroll
@@ -97,7 +97,7 @@ __kernel void dwconv({sig}) {{
     float acc = 0.0f;
     for (int i = 0; i < D_KS; ++i)
         for (int j = 0; j < D_KS; ++j)
-            acc = fma(patch[ty * D_STRIDE + i][tx * D_STRIDE + j], Wt[(c * D_KS + i) * D_KS + j], acc);
+            acc += patch[ty * D_STRIDE + i][tx * D_STRIDE + j] * Wt[(c * D_KS + i) * D_KS + j];
     Y[((long)nc * D_OH + oh) * D_OW + ow] = acc{bias_add};
 }}
 """
@@ -167,8 +167,8 @@ __kernel void rotary({sig}) {{
     for (int h = 0; h < R_INNER; ++h) {{
         long base = ((long)os * R_INNER + h) * (2 * R_HALF);
         float x1 = X[base + j], x2 = X[base + j + R_HALF];
-        Y[base + j] = fma(x1, c, -x2 * sn);
-        Y[base + j + R_HALF] = fma(x2, c, x1 * sn);
+        Y[base + j] = x1 * c - x2 * sn;
+        Y[base + j + R_HALF] = x2 * c + x1 * sn;
     }}
 }}
 """
@@ -196,8 +196,8 @@ __kernel void rotary({sig}) {{
     __global float* yr = Y + (long)rest * (2 * R_HALF);
     floatv x1 = VLOADV(jv, xr), x2 = VLOADV(jv, xr + R_HALF);
     floatv c = VLOADV(jv, COS + s * R_HALF), sn = VLOADV(jv, SIN + s * R_HALF);
-    VSTOREV(fma(x1, c, -x2 * sn), jv, yr);
-    VSTOREV(fma(x2, c, x1 * sn), jv, yr + R_HALF);
+    VSTOREV(x1 * c - x2 * sn, jv, yr);
+    VSTOREV(x2 * c + x1 * sn, jv, yr + R_HALF);
 }}
 """
         out.append(Recipe(

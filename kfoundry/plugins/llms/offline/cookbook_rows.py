@@ -260,7 +260,7 @@ def _opencl_vector_native(spec: OpSpec, sig: str, setup: str, grid: str, vws: li
     {loop} VSTOREV({ld} - lse, c, yr);"""
     elif fam == "rms_norm":
         body = f"""floatv vq = (floatv)(0.0f);
-    {loop} {{ floatv v = {ld}; vq = fma(v, v, vq); }}
+    {loop} {{ floatv v = {ld}; vq += v * v; }}
     float q = 0.0f;
     {_hreduce("q", "vq", "sum")}
     floatv rstd = (floatv)(rsqrt(q / {float(spec.R)!r}f + {eps}));
@@ -273,7 +273,7 @@ def _opencl_vector_native(spec: OpSpec, sig: str, setup: str, grid: str, vws: li
     {_hreduce("mean", "vs", "sum")}
     mean /= {float(spec.R)!r}f;
     floatv vq = (floatv)(0.0f);
-    {loop} {{ floatv d = {ld} - (floatv)(mean); vq = fma(d, d, vq); }}
+    {loop} {{ floatv d = {ld} - (floatv)(mean); vq += d * d; }}
     float var = 0.0f;
     {_hreduce("var", "vq", "sum")}
     floatv rstd = (floatv)(rsqrt(var / {float(spec.R)!r}f + {eps}));

@@ -52,7 +52,7 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
     if spec.family == "layer_norm":
         out = "((x - welford_mean) * rstd)"
         if spec.affine:
-            out = f"fma({out}, w[j], b[j])" if lang == "opencl" else f"fmaf({out}, w[j], b[j])"
+            out = f"({out} * w[j] + b[j])" if lang == "opencl" else f"fmaf({out}, w[j], b[j])"
         return RowOp(
             [("welford_n", "0.0f"), ("welford_mean", "0.0f"), ("welford_m2", "0.0f")],
             "{ welford_n += 1.0f; float d = x - welford_mean; welford_mean += d / welford_n; "
@@ -64,8 +64,8 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
             out,
         )
     if spec.family == "rms_norm":
-        fma = "fma" if lang == "opencl" else "fmaf"
-        return RowOp([("sumsq", "0.0f")], f"sumsq = {fma}(x, x, sumsq);", "sumsq += sumsq_o;",
+        acc = "sumsq += x * x;" if lang == "opencl" else "sumsq = fmaf(x, x, sumsq);"
+        return RowOp([("sumsq", "0.0f")], acc, "sumsq += sumsq_o;",
                      f"float rstd = {f('rsqrt')}(sumsq / {R} + {eps});", "(x * rstd)")
     op = spec.reduce_op
     if op in ("sum", "mean"):
