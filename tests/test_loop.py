@@ -155,3 +155,9 @@ def test_loop_budget_on_evaluations_is_exact(kf_config, kf_problem) -> None:
     loop = OptimizeLoop(config, problem, Evaluator(problem, config, store, run_id), store, run_id, run_dir)
     summary = loop.run()
     assert summary.evaluations == 4 and "evaluation budget" in summary.stop_reason
+
+
+def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(["kf-run", "resume", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {tmp_path}: not a kfoundry run folder (no run.json)"
