@@ -56,7 +56,8 @@ def db(run_root: Path) -> sqlite3.Connection:
 
 def proposals(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in conn.execute(
-        "SELECT generation, idx, generator, candidate_hash, parse_error, json_extract(record, '$.outcome') "
+        "SELECT generation, idx, generator, candidate_hash, parse_error, json_extract(record, '$.outcome'), "
+        "json_extract(record, '$.speedup'), json_extract(candidate, '$.prompt_id') "
         "FROM loop_proposals ORDER BY generation, idx")]
 
 
@@ -115,6 +116,7 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
     again = subprocess.run([sys.executable, "-c", code, "replay", str(run_dir)], env={**env, "KF_E2E_KEY": ""},
                            capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "recorded evaluations reused" in again.stdout
     [replay_dir] = [d for d in (tmp_path / "live").iterdir() if d != run_dir]
     conn2 = sqlite3.connect(replay_dir / "kfoundry.db")
     conn2.row_factory = sqlite3.Row

@@ -1,4 +1,9 @@
-"""``kf-run replay RUN_DIR``: run a recorded optimisation again with every language model replayed."""
+"""``kf-run replay RUN_DIR``: run a recorded optimisation again with every language model replayed.
+
+By default the recorded run's evaluations seed the new run's cache, so every verdict and time is
+the recorded one and the replay is exact (and fast); ``--remeasure`` evaluates everything again on
+this machine, where choices that depend on measured times may then differ.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,27 @@ import click
 from rich.console import Console
 
 from kfoundry.core.config import load_config
+from kfoundry.core.store import Store
+
+_EVAL_COLUMNS = "eval_key, candidate_hash, problem, backend, device, outcome, speedup, median_ms, created_at, record"
+
+
+def seed_evaluation_cache(recorded: Path, new: Path) -> int:
+    """Copy the recorded store's evaluations and reference timings into a new store; rows copied."""
+    with Store(recorded) as old, Store(new) as fresh:
+        rows = old.query(f"SELECT {_EVAL_COLUMNS} FROM evaluations ORDER BY id")
+        fresh.executemany(
+            f"INSERT INTO evaluations ({_EVAL_COLUMNS}) VALUES ({','.join('?' * 10)})", [tuple(r) for r in rows]
+        )
+        refs = old.query("SELECT key, created_at, timing FROM reference_timings")
+        fresh.executemany("INSERT OR REPLACE INTO reference_timings VALUES (?,?,?)", [tuple(r) for r in refs])
+    return len(rows)
 
 
 @click.command(
     "replay",
     epilog="\b\nExamples:\n  kf-run replay kf-runs/softmax-20261130-104500\n"
-    "  kf-run replay kf-runs/softmax-20261130-104500 --on-miss sequence",
+    "  kf-run replay kf-runs/softmax-20261130-104500 --remeasure --on-miss sequence",
 )
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option(
@@ -23,7 +43,8 @@ from kfoundry.core.config import load_config
     show_default=True,
     help="A call the recording lacks: fail, or take the member's next recorded reply.",
 )
-def command(run_dir: str, on_miss: str) -> None:
+@click.option("--remeasure", is_flag=True, help="Evaluate every kernel again instead of reusing the recorded verdicts.")
+def command(run_dir: str, on_miss: str, remeasure: bool) -> None:
     """Re-run RUN_DIR's problem and config in a new run folder, serving every LLM reply from its recording.
 
     No API is called and no key is needed; tokens and cost come from the recording, so the
@@ -31,7 +52,7 @@ def command(run_dir: str, on_miss: str) -> None:
     """
     from kfoundry.core.commands.optimize import run_loop
     from kfoundry.core.ensemble import replay_config
-    from kfoundry.core.loop import new_run_dir, read_run_file, write_run_file
+    from kfoundry.core.loop import STORE_FILE, new_run_dir, read_run_file, write_run_file
 
     folder = Path(run_dir)
     info = read_run_file(folder)
@@ -41,5 +62,10 @@ def command(run_dir: str, on_miss: str) -> None:
     shapes = dict(info.get("shapes") or {})
     run_id, new_dir = new_run_dir(config, problem.stem)
     write_run_file(new_dir, run_id, problem, shapes, config, seed)
-    Console().print(f"replaying {folder} into {new_dir}")
-    run_loop(config, problem, shapes, run_id, new_dir, seed, Console())
+    console = Console()
+    if not remeasure and (folder / STORE_FILE).is_file():
+        n = seed_evaluation_cache(folder / STORE_FILE, new_dir / STORE_FILE)
+        console.print(f"replaying {folder} into {new_dir} ({n} recorded evaluations reused)")
+    else:
+        console.print(f"replaying {folder} into {new_dir} (evaluating again)")
+    run_loop(config, problem, shapes, run_id, new_dir, seed, console)
