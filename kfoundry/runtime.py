@@ -1,7 +1,7 @@
 """What a candidate's ``ModelNew`` imports: ``load(source, defines=PARAMS)`` compiles kernel source on
 the active backend and returns a :class:`~kfoundry.core.backend.KernelModule`::
 
-    from kfoundry.runtime import load, cdiv
+    from kfoundry.runtime import LocalMemory, cdiv, load
     SRC = '''__kernel void add(__global const float* a, __global const float* b,
                                __global float* c, int n) { ... }'''
     class ModelNew(nn.Module):
@@ -20,6 +20,7 @@ outside the harness, ``load`` builds the ``opencl`` backend on its first device.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from kfoundry.core.backend import Backend, KernelModule
 from kfoundry.core.models import ParamValue
@@ -60,6 +61,14 @@ def load(
 def synchronize() -> None:
     """Wait for all work queued on the active backend's device."""
     active_backend().synchronize()
+
+
+@dataclass(frozen=True)
+class LocalMemory:
+    """A kernel argument of ``nbytes`` of work-group local (shared) memory: ``__local float* scratch``
+    on OpenCL. Pass ``LocalMemory(BLOCK * 4)`` where the kernel takes a ``__local`` pointer."""
+
+    nbytes: int
 
 
 def cdiv(a: int, b: int) -> int:

@@ -70,6 +70,27 @@ def test_zero_copy_launch_and_defines(backend: OpenCLBackend) -> None:
     assert torch.allclose(x, expected)
 
 
+def test_local_memory_argument(backend: OpenCLBackend) -> None:
+    src = r"""
+    __kernel void block_sum(__global const float* x, __global float* out, __local float* scratch) {
+        int l = get_local_id(0), g = get_group_id(0), n = get_local_size(0);
+        scratch[l] = x[get_global_id(0)];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = n / 2; s > 0; s >>= 1) {
+            if (l < s) scratch[l] += scratch[l + s];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        if (l == 0) out[g] = scratch[0];
+    }
+    """
+    mod = backend.load(src)
+    x = torch.rand(4, 32)
+    out = torch.empty(4)
+    mod.block_sum(x, out, runtime.LocalMemory(32 * 4), grid=(4,), block=(32,))
+    backend.synchronize()
+    assert torch.allclose(out, x.sum(dim=1), rtol=1e-5)
+
+
 def test_compile_error_carries_log(backend: OpenCLBackend) -> None:
     with pytest.raises(CompileFailed, match=r"line 1:\d+") as info:
         backend.load("__kernel void broken( { }")

@@ -29,6 +29,7 @@ from kfoundry.core.hardware import HardwareDetector
 from kfoundry.core.models import DeviceProfile, ParamValue
 from kfoundry.core.peaks import with_peaks
 from kfoundry.core.plugins import NoOptions
+from kfoundry.runtime import LocalMemory
 
 try:
     import pyopencl as cl
@@ -294,6 +295,8 @@ class OpenCLBackend(Backend):
                 keep.append((buf, a))
                 if host is not None:
                     copies.append((host, buf))
+            elif isinstance(a, LocalMemory):
+                cl_args.append(cl.LocalMemory(max(1, int(a.nbytes))))
             elif isinstance(a, (bool, int)):
                 cl_args.append(np.int32(a))
             elif isinstance(a, float):
