@@ -13,6 +13,7 @@ from llm_server import LLMServer, Reply, fenced, script_responder, vecadd
 from kfoundry.core import hooks
 from kfoundry.core.config import RunConfig
 from kfoundry.core.ensemble import Ensemble, borda, build_ensemble
+from kfoundry.core.errors import ConfigError
 from kfoundry.core.generator import Attempt, GenerationRequest, ProblemSummary
 from kfoundry.core.llm.recording import load_recording
 from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome
@@ -266,3 +267,12 @@ def test_offline_generator_votes_alongside_a_model(
     assert set(scores) == {"openai:gpt-test", "offline"} and all(s is not None for s in scores.values())
     assert {g for g, _ in json.loads(vote["proposals"])} == {"openai:gpt-test", "offline"}
     store.close()
+
+
+def test_missing_key_fails_when_the_ensemble_is_built(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KF_TEST_KEY")
+    with pytest.raises(ConfigError, match="llm openai:gpt-test: environment variable KF_TEST_KEY is not set"):
+        build(config(server), kf_plugin_manager, tmp_path)
+    assert server.requests == []

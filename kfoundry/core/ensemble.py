@@ -409,6 +409,7 @@ def build_ensemble(
         generator = manager.get("llm", choice.name).build(choice.options)
         if isinstance(generator, LLMProvider):
             generator.configure(model=choice.model, name=name, ledger=ledger, recorder=recorder)
+            generator.api_key()  # fail now, in one line, if the key's variable is not set
             name = generator.name
         else:
             generator.name = name
