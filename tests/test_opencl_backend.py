@@ -91,6 +91,18 @@ def test_local_memory_argument(backend: OpenCLBackend) -> None:
     assert torch.allclose(out, x.sum(dim=1), rtol=1e-5)
 
 
+def test_copy_path_matches_zero_copy() -> None:
+    """The copy-in/copy-out path (other OpenCL runtimes) gives the same results as zero-copy."""
+    b = OpenCLBackend(OpenCLOptions(zero_copy=False))
+    b.select_device(0)
+    mod = b.load(ADD, defines={"FACTOR": 1})
+    base = torch.rand(300)
+    a, c = base[3:103], torch.full((100,), float("nan"))
+    mod.add(a, a, c, 100, grid=(2,), block=(64,))
+    b.synchronize()
+    assert torch.equal(c, a + a)
+
+
 def test_compile_error_carries_log(backend: OpenCLBackend) -> None:
     with pytest.raises(CompileFailed, match=r"line 1:\d+") as info:
         backend.load("__kernel void broken( { }")

@@ -46,6 +46,9 @@ class OpenCLOptions(BackendOptions):
 
     platform: str | None = Field(default=None, description="only devices of platforms whose name contains this")
     fast_math: bool = Field(default=False, description="build with -cl-fast-relaxed-math")
+    zero_copy: bool | None = Field(
+        default=None, description="wrap tensor memory in place (None: on PoCL CPU devices) instead of copying"
+    )
 
 
 def _device_type(dev: Any) -> str:
@@ -262,6 +265,14 @@ class OpenCLBackend(Backend):
         buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host)
         return buf, host
 
+    def _zero_copy(self) -> bool:
+        """Wrap tensors in place: forced by the option, else on PoCL's CPU device (verified to use the host
+        memory as is, aligned or not); other runtimes may shadow host memory, so they get copies."""
+        if self.options.zero_copy is not None:
+            return self.options.zero_copy
+        dev = self.require_device()
+        return dev.device_type == "cpu" and "Portable Computing Language" in str(dev.extra.get("platform", ""))
+
     def launch(
         self,
         kernel: Any,
@@ -284,7 +295,7 @@ class OpenCLBackend(Backend):
             global_size = tuple(gi * bi for gi, bi in zip(g, b, strict=True))
         else:
             global_size = g
-        zero_copy = self.require_device().device_type == "cpu"
+        zero_copy = self._zero_copy()
         cl_args: list[Any] = []
         copies: list[tuple[Any, Any]] = []
         keep: list[Any] = []
