@@ -1,0 +1,65 @@
+"""The worked example every OpenCL prompt teaches really runs: it is judged correct by the real
+evaluation pipeline (PoCL), with the harness's PARAMS taking effect."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kfoundry.core.generator import GenerationRequest, ProblemSummary
+from kfoundry.core.llm.parsing import code_blocks, extract_params, extract_space
+from kfoundry.core.llm.prompts import PromptBuilder
+from kfoundry.core.models import DeviceProfile
+
+ROOT = Path(__file__).parents[1]
+
+SCALE_ADD = '''
+import torch
+import torch.nn as nn
+
+N = 3000
+
+
+class Model(nn.Module):
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x, y):
+        return self.alpha * x + y
+
+
+def get_inputs():
+    return [torch.rand(N), torch.rand(N)]
+
+
+def get_init_inputs():
+    return [1.5]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [None, 64])
+def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path, block: int | None) -> None:
+    request = GenerationRequest(
+        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="opencl",
+        device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
+    )
+    text = PromptBuilder().generation(request).user
+    [example] = [body for lang, body in code_blocks(text) if "class ModelNew" in body]
+    assert extract_params(example) == {"BLOCK": 256}
+    space = extract_space(example)
+    assert space is not None and space.params == {"BLOCK": [64, 128, 256, 512]}
+    (tmp_path / "scale_add.py").write_text(SCALE_ADD)
+    (tmp_path / "candidate.py").write_text(example)
+    code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = ["eval", str(tmp_path / "scale_add.py"), str(tmp_path / "candidate.py"),
+            "--set", f"output_dir={tmp_path}", "--set", "evaluation.trials=2", "--set", "evaluation.target_time_s=0.02"]
+    if block:
+        args += ["--params", f"BLOCK={block}"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "correct" in done.stdout
