@@ -161,3 +161,21 @@ def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path: Path) -> Non
     proc = subprocess.run(["kf-run", "resume", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {tmp_path}: not a kfoundry run folder (no run.json)"
+
+
+def test_wall_time_budget_stops_before_the_next_evaluation(kf_config, kf_problem) -> None:
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+    from kfoundry.core.store import Store
+
+    path = kf_problem(textwrap.dedent(MATMUL), name="wall_matmul")
+    config = kf_config({}, "budget.wall_time_s=10", "tuner.every=-1", *FAST_EVAL)
+    run_id, run_dir = new_run_dir(config, "wall_matmul")
+    problem = load_problem(path, {})
+    store = Store(run_dir / "kfoundry.db")
+    ticks = iter(range(0, 10_000, 4))  # every clock read advances 4 "seconds"
+    loop = OptimizeLoop(config, problem, Evaluator(problem, config, store, run_id), store, run_id, run_dir,
+                        clock=lambda: float(next(ticks)))
+    summary = loop.run()
+    assert "wall time budget" in summary.stop_reason
+    assert 1 <= summary.evaluations <= 2

@@ -189,6 +189,7 @@ class OptimizeLoop:
         self._summary = problem.summary()
         self._started = self.clock() - self.state.elapsed_s
         self.seed_record: EvalRecord | None = None
+        self._llm_stop = ""
 
     # -- persistence -------------------------------------------------------------------------------
 
@@ -314,6 +315,10 @@ class OptimizeLoop:
                             avoid.add(p.candidate.content_hash)
         except GeneratorUnsupported as exc:
             raise LoopError(str(exc)) from None
+        except KfError as exc:
+            if type(exc).__name__ != "LLMBudgetExhausted" or not pairs:
+                raise
+            self._llm_stop = f"LLM budget spent ({exc})"  # keep what was proposed before the cap
         rows = [
             Row(generation=generation, idx=i, ask=ask, candidate=p.candidate, generator=p.generator,
                 rationale=p.rationale, parse_error=p.parse_error, coords=self._cell(p.candidate))
@@ -385,6 +390,9 @@ class OptimizeLoop:
             if reason:
                 break
             self._end_generation(g, rows)
+            if self._llm_stop:
+                reason = self._llm_stop
+                break
         self._final_tuning(reason)
         self.state.status = "finished"
         self.state.stop_reason = reason
