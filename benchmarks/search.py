@@ -50,6 +50,8 @@ def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluati
         "strategy": strategy, "seed": seed, "evaluations": summary.evaluations,
         "speedup": best.record.speedup if best and best.record.is_correct else None,
         "vs_seed": summary.speedup_over_seed, "coverage": summary.coverage,
+        "ms": best.record.timing.median_ms if best and best.record.timing else None,
+        "roofline": best.record.roofline_fraction if best else None,
         "best": best.candidate.label if best else "-", "params": best.candidate.params if best else {},
         "wall_s": time.monotonic() - t0,
     }
@@ -86,11 +88,14 @@ def main() -> None:
 
     table = Table(title=f"search strategies on {Path(args.problem).name} ({args.backend}), "
                         f"{args.evaluations} evaluations per run")
-    for col in ("strategy", "seed", "best kernel", "speedup vs reference", "vs naive seed", "coverage", "evals"):
+    for col in ("strategy", "seed", "best kernel", "ms", "speedup vs reference", "vs naive seed", "roofline",
+                "coverage", "evals"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}", _fmt(r["speedup"]),
-                      _fmt(r["vs_seed"], ".1f"), f"{r['coverage']:.0%}", str(r["evaluations"]))
+        table.add_row(r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}", _fmt(r["ms"], ".3f", ""),
+                      _fmt(r["speedup"]), _fmt(r["vs_seed"], ".1f"),
+                      _fmt(None if r["roofline"] is None else 100 * r["roofline"], ".0f", "%"),
+                      f"{r['coverage']:.0%}", str(r["evaluations"]))
     console.print(table)
 
     summary = Table(title=f"per strategy over {args.seeds} seeds (median [min-max])")
