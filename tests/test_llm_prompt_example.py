@@ -63,3 +63,22 @@ def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path, block: int
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "correct" in done.stdout
+
+
+def test_cuda_prompt_example_kernel_compiles_for_hopper() -> None:
+    import re
+
+    from kfoundry.core.plugins import get_plugin
+
+    backend = get_plugin("backend", "cuda").build({"compile_only": True, "arch": "sm_90"})
+    if not backend.capabilities().can_compile:
+        pytest.skip(backend.capabilities().reason)
+    request = GenerationRequest(
+        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="cuda",
+        device=DeviceProfile(backend="cuda", name="NVIDIA H200", compute_capability="9.0", warp_size=32),
+    )
+    [example] = [b for _, b in code_blocks(PromptBuilder().generation(request).user) if "class ModelNew" in b]
+    source = re.search(r'SRC = r"""(.*?)"""', example, re.DOTALL)
+    assert source is not None
+    module = backend.load(source.group(1), defines=extract_params(example))
+    assert module.kernel_names == ["scale_add"] and module.resources["scale_add"]["spill_stores"] == 0
