@@ -144,7 +144,7 @@ class Ensemble(Generator):
         self, request: GenerationRequest, call: Callable[[Generator, GenerationRequest], list[Proposal]]
     ) -> list[Proposal]:
         if self.exhausted or (self.ledger.exhausted and all(m.is_llm for m in self.members)):
-            self._exhaust(LLMBudgetExhausted(self.ledger._why(0)))
+            self._exhaust(LLMBudgetExhausted(self.ledger.why(0)))
             return []
         request = self._with_prompt(request)
         if self.mode == "vote":
@@ -170,7 +170,7 @@ class Ensemble(Generator):
         except GeneratorUnsupported:
             return []
         if getattr(member.generator, "budget_refused", False):
-            self._exhaust(LLMBudgetExhausted(self.ledger._why(0)))
+            self._exhaust(LLMBudgetExhausted(self.ledger.why(0)))
         for p in props:
             p.generator = member.name
             if p.candidate is not None:

@@ -105,7 +105,7 @@ class CostLedger:
             elif usd is not None and price.cost(prompt_tokens, 0) > usd:
                 out = -1
             if out < min_out:
-                raise LLMBudgetExhausted(self._why(prompt_tokens))
+                raise LLMBudgetExhausted(self.why(prompt_tokens))
             res = Reservation(
                 tokens=prompt_tokens + out, cost_usd=price.cost(prompt_tokens, out), max_tokens=out
             )
@@ -142,7 +142,8 @@ class CostLedger:
             self._reserved_tokens -= reservation.tokens
             self._reserved_cost -= reservation.cost_usd
 
-    def _why(self, prompt_tokens: int) -> str:
+    def why(self, prompt_tokens: int) -> str:
+        """One line: what was spent against which cap."""
         parts = []
         if self.max_tokens is not None:
             parts.append(f"{self.total.tokens} of {self.max_tokens} tokens used")
