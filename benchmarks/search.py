@@ -34,7 +34,7 @@ FAST = [
 
 
 def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluations: int, backend: str,
-            store: Store, out: Path, fast: bool) -> dict:
+            store: Store, out: Path, fast: bool, initial: int) -> dict:
     overrides = [f"search.name={strategy}", f"seed={seed}", f"budget.evaluations={evaluations}",
                  "budget.generations=1000", "tuner.every=-1", f"backend.name={backend}", f"output_dir={out}"]
     config = load_config(overrides=overrides + (FAST if fast else []))
@@ -42,7 +42,8 @@ def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluati
     run_id, run_dir = new_run_dir(config, f"{problem.name}-{strategy}-s{seed}")
     evaluator = Evaluator(problem, config, store, run_id)
     seed_kernel = find_seed_kernel(problem_path, evaluator.backend.language)
-    loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, seed_kernel=seed_kernel)
+    loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, seed_kernel=seed_kernel,
+                        initial_proposals=initial)
     t0 = time.monotonic()
     summary = loop.run()
     best = summary.best
@@ -69,6 +70,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--evaluations", type=int, default=24)
     parser.add_argument("--backend", default="opencl")
+    parser.add_argument("--initial", type=int, default=1,
+                        help="generator seeds in generation 0 (1: only the naive recipe, so the search must climb)")
     parser.add_argument("--full-timing", action="store_true", help="use the default (slower) evaluation settings")
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     args = parser.parse_args()
@@ -81,7 +84,7 @@ def main() -> None:
     for seed in range(args.seeds):
         for strategy in args.strategies.split(","):
             row = run_one(Path(args.problem), shapes, strategy, seed, args.evaluations, args.backend, store, out,
-                          not args.full_timing)
+                          not args.full_timing, args.initial)
             console.print(f"[dim]{strategy} seed {seed}: best {_fmt(row['speedup'])} ({row['best']}), "
                           f"coverage {row['coverage']:.0%}, {row['wall_s']:.0f} s[/dim]")
             rows.append(row)

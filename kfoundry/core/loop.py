@@ -168,6 +168,7 @@ class OptimizeLoop:
         extractor: DescriptorExtractor | None = None,
         observer: LoopObserver | None = None,
         seed_kernel: Path | None = None,
+        initial_proposals: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config, self.problem, self.evaluator, self.store = config, problem, evaluator, store
@@ -178,6 +179,8 @@ class OptimizeLoop:
         self.extractor = extractor or get_extractor(self.language)
         self.observer = observer
         self.seed_kernel = seed_kernel
+        #: Generator seeds evaluated in generation 0 (default: max(proposals per generation, 8)).
+        self.initial_proposals = initial_proposals
         self.clock = clock
         for ddl in _DDL:
             store.ensure_table(ddl)
@@ -335,7 +338,7 @@ class OptimizeLoop:
 
             cand = read_candidate(self.seed_kernel).model_copy(update={"generator": "seed", "meta": {"seed": True}})
             pairs.append((ask, Proposal(candidate=cand, generator="seed", rationale=f"naive seed {self.seed_kernel.name}")))
-        request = self._request(ask, 0, 0, avoid).model_copy(update={"n": max(n, 8)})
+        request = self._request(ask, 0, 0, avoid).model_copy(update={"n": self.initial_proposals or max(n, 8)})
         pairs += [(ask, p) for p in self.generator.seeds(request)]
         return pairs
 
