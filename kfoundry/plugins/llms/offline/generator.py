@@ -8,6 +8,7 @@ recipe with safe defaults, or a simpler recipe). Recognising the problem needs n
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from typing import Any
@@ -84,7 +85,10 @@ class OfflineGenerator(Generator):
             if language not in ("opencl", "cuda"):
                 raise GeneratorUnsupported(f"offline generator: no cookbook for language {language!r}")
             spec = self.spec(problem)
-            self._recipes[key] = _COOKBOOKS[spec.family].recipes(spec, language)
+            usable = [_with_valid_defaults(r) for r in _COOKBOOKS[spec.family].recipes(spec, language)]
+            self._recipes[key] = [r for r in usable if r is not None]
+            if not self._recipes[key]:
+                raise GeneratorUnsupported(f"offline generator: no recipe fits problem {problem.name!r} at these shapes")
         return self._recipes[key]
 
     def cell(self, recipe: Recipe, extractor: DescriptorExtractor) -> tuple[int, ...]:
@@ -215,6 +219,19 @@ class OfflineGenerator(Generator):
         cand: Candidate = recipe.candidate(params)
         return Proposal(candidate=cand, generator=self.name, rationale=f"{recipe.name}: {why}",
                         prompt_id=request.prompt_id if request else None)
+
+
+def _with_valid_defaults(recipe: Recipe) -> Recipe | None:
+    """``recipe`` with defaults that satisfy its restrictions at these shapes (None if nothing does)."""
+    if valid(recipe.defaults, recipe.space.restrictions):
+        return recipe
+    names = list(recipe.space.params)
+    for values in itertools.product(*(recipe.space.params[n] for n in names)):
+        params = dict(zip(names, values, strict=True))
+        if valid(params, recipe.space.restrictions):
+            recipe.defaults = params
+            return recipe
+    return None
 
 
 def _fits(params: dict[str, ParamValue], request: GenerationRequest) -> bool:
