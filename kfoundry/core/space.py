@@ -58,6 +58,10 @@ def detect_block_params(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(found[axis] for axis in "xyz" if axis in found)
 
 
+#: Device fields a restriction may name directly (``BLOCK_X * BLOCK_Y <= max_work_group_size``).
+DEVICE_NAMES = frozenset(DeviceProfile.model_fields) | {"device"}
+
+
 class _Expr:
     """A compiled restriction expression; unknown names are rejected when the space is built."""
 
@@ -67,9 +71,11 @@ class _Expr:
             self.code = compile(text, "<restriction>", "eval")
         except SyntaxError as exc:
             raise SpaceError(f"restriction {text!r}: syntax error: {exc.msg}") from None
-        unknown = sorted(set(self.code.co_names) - known - set(SAFE_BUILTINS))
+        unknown = sorted(set(self.code.co_names) - known - set(SAFE_BUILTINS) - DEVICE_NAMES)
         if unknown:
             raise SpaceError(f"restriction {text!r}: unknown name(s) {', '.join(unknown)}")
+        #: Names a device field (or ``device``): only checked when the space has a device.
+        self.needs_device = bool(set(self.code.co_names) & DEVICE_NAMES - known)
 
     def __call__(self, scope: dict[str, Any]) -> Any:
         return eval(self.code, {"__builtins__": SAFE_BUILTINS}, scope)  # noqa: S307 (names checked above)
@@ -104,16 +110,20 @@ class ParamSpace:
         self.names: list[str] = list(self.params)
         self.constants: dict[str, Any] = dict(constants or {})
         self.device = device
+        self._base_scope: dict[str, Any] = {**(dict(device) if device is not None else {}), **self.constants}
+        self._base_scope["device"] = device
         #: Work-group (thread-block) sizes per dimension, as expressions; by default the parameters
         #: whose names say so (``BLOCK_SIZE_X``, ``block_size_y``, ``WG_X``, ``LOCAL_SIZE``, ...).
         self.block = tuple(block) if block is not None else detect_block_params(self.names)
-        known = set(self.names) | set(self.constants) | {"device"}
-        self._block = [_Expr(b, known) for b in self.block]
+        known = set(self.names) | set(self.constants)
+        self._block = [_Expr(str(b), known) for b in self.block]
         self.restrictions: list[Restriction] = list(restrictions)
         self._checks: list[tuple[str, Callable[[dict[str, Any]], Any]]] = []
         for r in self.restrictions:
             if isinstance(r, str):
-                self._checks.append((r, _Expr(r, known)))
+                expr = _Expr(r, known)
+                if not expr.needs_device or device is not None:
+                    self._checks.append((r, expr))
             elif callable(r):
                 fn = r
                 self._checks.append((getattr(fn, "__name__", "restriction"), lambda s, fn=fn: fn(s)))
@@ -177,7 +187,7 @@ class ParamSpace:
         return None
 
     def _scope(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.constants, "device": self.device, **config}
+        return {**self._base_scope, **config}
 
     def violation(self, config: Mapping[str, Any]) -> str | None:
         """Why ``config`` is not in the space (unknown value, restriction, device limit), or None."""

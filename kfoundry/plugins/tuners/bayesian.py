@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+from threadpoolctl import threadpool_limits
 
 from kfoundry import hookimpl
 from kfoundry.core.space import Config, ConfigKey, ParamSpace
@@ -30,7 +31,9 @@ class BayesianOptions(BaseModel):
     )
     initial: int = Field(default=8, ge=1, description="random configurations before the model takes over")
     xi: float = Field(default=0.0, ge=0, description="EI exploration margin (standardised log-time units)")
-    refit_every: int = Field(default=1, ge=1, description="refit GP hyperparameters every N observations")
+    refit_growth: float = Field(
+        default=1.25, gt=1.0, description="refit GP hyperparameters when the observations grow by this factor"
+    )
     max_candidates: int = Field(default=20000, ge=100, description="configurations scored per ask")
 
 
@@ -45,7 +48,7 @@ class BayesianTuner(Tuner):
         self._y: list[float | None] = []
         self._seen: set[ConfigKey] = set()
         self._gp: GaussianProcess | None = None
-        self._fits = 0
+        self._next_refit = 0
         self._optuna: Any = None
 
     def setup(self, space: ParamSpace, rng: np.random.Generator) -> None:
@@ -80,7 +83,8 @@ class BayesianTuner(Tuner):
         valid = [y for y in self._y if y is not None]
         if len(self._seen) < self.options.initial or len(valid) < 2:
             return self._random_unseen()
-        return self._best_ei(valid)
+        with threadpool_limits(limits=1, user_api="blas"):  # small matrices: threads only contend
+            return self._best_ei(valid)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -103,9 +107,10 @@ class BayesianTuner(Tuner):
         worst = max(valid)
         x = np.array(self._x)
         y = np.array([worst if v is None else v for v in self._y])
-        optimize = self._fits % self.options.refit_every == 0
+        optimize = len(y) >= self._next_refit
+        if optimize:
+            self._next_refit = max(len(y) + 1, math.ceil(len(y) * self.options.refit_growth))
         self._gp.fit(x, y, optimize=optimize)
-        self._fits += 1
         rows = self._candidates()
         rows = rows[~self._seen_rows[rows]]
         keys = self.space.keys

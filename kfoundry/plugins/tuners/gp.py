@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.linalg import cho_solve, solve_triangular
 from scipy.optimize import minimize
 from scipy.special import ndtr
 
@@ -34,6 +34,7 @@ class GaussianProcess:
             (math.log(1e-6), math.log(0.5)),
         ]
         self._x = np.empty((0, dims))
+        self._fitted = False
         self._mean = 0.0
         self._std = 1.0
 
@@ -46,33 +47,38 @@ class GaussianProcess:
         n = len(y)
         k = kr + sn2 * np.eye(n)
         try:
-            c, low = cho_factor(k, lower=True)
+            c = np.linalg.cholesky(k)
         except np.linalg.LinAlgError:
             return 1e10, np.zeros_like(theta)
-        alpha = cho_solve((c, low), y)
+        c_inv = solve_triangular(c, np.eye(n), lower=True, check_finite=False)
+        k_inv = c_inv.T @ c_inv
+        alpha = k_inv @ y
         nll = 0.5 * float(y @ alpha) + float(np.log(np.diag(c)).sum()) + 0.5 * n * LOG_2PI
-        w = np.outer(alpha, alpha) - cho_solve((c, low), np.eye(n))
+        w = np.outer(alpha, alpha) - k_inv
         grad = np.empty_like(theta)
-        common = sf2 * (5.0 / 3.0) * (1.0 + SQRT5 * r) * e
-        for m in range(self.dims):
-            grad[m] = -0.5 * float((w * common * sq[:, :, m] / ls2[m]).sum())
+        wc = (w * (sf2 * (5.0 / 3.0)) * (1.0 + SQRT5 * r) * e).reshape(-1)
+        grad[: self.dims] = -0.5 * (wc @ sq.reshape(n * n, self.dims)) / ls2
         grad[-2] = -0.5 * float((w * kr).sum())
         grad[-1] = -0.5 * sn2 * float(np.trace(w))
         return nll, grad
 
     def fit(self, x: np.ndarray, y: np.ndarray, optimize: bool = True) -> None:
-        """Condition on observations ``x`` (n x d, unit cube) and ``y`` (n), refitting hyperparameters."""
+        """Condition on observations ``x`` (n x d, unit cube) and ``y`` (n); refit hyperparameters if asked."""
         self._mean = float(y.mean())
         self._std = float(y.std()) or 1.0
         ys = (y - self._mean) / self._std
         sq = (x[:, None, :] - x[None, :, :]) ** 2
         if optimize and len(y) >= 3:
-            starts = [self.theta, np.concatenate([np.full(self.dims, math.log(0.5)), [0.0, math.log(1e-2)]])]
+            default = np.concatenate([np.full(self.dims, math.log(0.5)), [0.0, math.log(1e-2)]])
+            starts = [self.theta] if self._fitted else [default]
+            if self._fitted:
+                starts.append(default)
+            self._fitted = True
             best = None
             for start in starts:
                 res = minimize(
                     self._nll, start, args=(x, ys, sq), jac=True, method="L-BFGS-B",
-                    bounds=self.bounds, options={"maxiter": 60},
+                    bounds=self.bounds, options={"maxiter": 40},
                 )
                 if best is None or res.fun < best.fun:
                     best = res
