@@ -134,3 +134,24 @@ def test_nvidia_profile_is_complete() -> None:
     assert profile.warp_size == 32
     assert profile.shared_mem_per_block and profile.shared_mem_per_block >= 48 * 1024
     assert profile.l2_cache_bytes and profile.registers_per_sm and profile.global_mem_bytes
+
+
+def test_device_timer_counts_the_kernel_and_work_hidden_on_another_stream(module) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from kfoundry.plugins.backends.cuda import SPIN_SOURCE
+
+    backend, _ = module
+    spin = backend.load(SPIN_SOURCE).kf_spin
+    timer = backend.device_timer()
+    assert timer is not None
+    # Lower bounds only: a kernel that spins 2 ms cannot be timed shorter than that.
+    assert timer(lambda: spin(2_000_000, grid=1, block=1)) >= 1.9
+    side = torch.cuda.Stream()
+
+    def hidden() -> None:
+        with torch.cuda.stream(side):
+            spin(20_000_000, grid=1, block=1)
+
+    # The events on the current stream see nothing; the host-time guard must still count 20 ms.
+    assert timer(hidden) >= 19.0
