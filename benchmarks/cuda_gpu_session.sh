@@ -28,6 +28,7 @@ for s in "$@"; do
   step "$s"
   case "$s" in
     setup) setup || { echo "setup failed"; exit 1; } ;;
+    gputests) timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore tests/test_cuda_gpu.py 2>&1 | tail -15 ;;
     tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore tests/test_cuda_gpu.py tests/test_cuda_backend.py tests/test_devices.py tests/test_nvidia_hardware.py 2>&1 | tail -25 ;;
     devices) timeout 120 "${KF[@]}" devices --measure --json > "$OUT/devices.json"; "${KF[@]}" devices 2>&1 | grep -v -i warning ;;
     faults) timeout 200 python3 benchmarks/cuda_faults.py --json "$OUT/faults.json" 2>&1 | grep -v Warning ;;
