@@ -79,7 +79,7 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="kf-bench-search-"))
     store = Store(out / "shared.db")
     shapes = parse_shape_overrides(args.shape)
-    console = Console()
+    console = Console(width=max(Console().width, 180))
     rows = []
     for seed in range(args.seeds):
         for strategy in args.strategies.split(","):
@@ -95,13 +95,13 @@ def main() -> None:
                 "coverage", "evals"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}", _fmt(r["ms"], ".3f", ""),
+        table.add_row(r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}".replace("[", "\\["), _fmt(r["ms"], ".3f", ""),
                       _fmt(r["speedup"]), _fmt(r["vs_seed"], ".1f"),
                       _fmt(None if r["roofline"] is None else 100 * r["roofline"], ".0f", "%"),
                       f"{r['coverage']:.0%}", str(r["evaluations"]))
     console.print(table)
 
-    summary = Table(title=f"per strategy over {args.seeds} seeds (median [min-max])")
+    summary = Table(title=f"per strategy over {args.seeds} seeds (median \\[min-max])")
     for col in ("strategy", "best speedup vs reference", "vs naive seed", "coverage"):
         summary.add_column(col)
     for strategy in args.strategies.split(","):
