@@ -374,6 +374,9 @@ class OptimizeLoop:
         self._recover_seed_record()
         if self.observer:
             self.observer.started(self)
+        last, every = self.state.generation - 1, self.config.tuner.every
+        if every > 0 and last >= 0 and (last + 1) % every == 0 and not self.stop_reason(before_evaluation=True):
+            self._tune(last)  # a kill during a tuning stage: finish it (done trials come from the cache)
         reason = ""
         while not (reason := self.stop_reason()):
             g = self.state.generation
