@@ -60,7 +60,7 @@ class MeasuredPeaks(BaseModel):
     copy_bytes: int
     matmul_n: int
     measured_at: str
-    method: str = "torch copy_ (bytes read + written) and fp32 mm with TF32 off; median of repeats"
+    method: str = "torch copy_ (bytes read + written) and fp32 mm with TF32 off; median of repeats (CUDA events on GPUs)"
 
 
 def table_peaks(name: str) -> tuple[float, float] | None:
@@ -140,25 +140,36 @@ def roofline_fraction(
     return bound / time_s if bound and time_s > 0 else None
 
 
-def _median_time_s(fn: object, repeats: int, sync: object) -> float:
+def _median_time_s(fn: object, repeats: int, sync: object, on_gpu: bool = False) -> float:
+    """Median seconds per call: CUDA events on a GPU (launch overhead excluded), else the host clock."""
+    import torch
+
     times = []
     for _ in range(repeats):
         sync()  # type: ignore[operator]
-        start = time.perf_counter()
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()  # type: ignore[operator]
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+            continue
+        t0 = time.perf_counter()
         fn()  # type: ignore[operator]
         sync()  # type: ignore[operator]
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def _copy_time_s(device: object, copy_bytes: int, repeats: int, sync: object) -> float:
+def _copy_time_s(device: object, copy_bytes: int, repeats: int, sync: object, on_gpu: bool) -> float:
     import torch
 
     src = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).uniform_()  # type: ignore[arg-type]
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    return _median_time_s(lambda: dst.copy_(src), repeats, sync)
+    return _median_time_s(lambda: dst.copy_(src), repeats, sync, on_gpu)
 
 
 def measure_peaks(torch_device: str, *, copy_bytes: int | None = None, matmul_n: int | None = None) -> MeasuredPeaks:
@@ -176,7 +187,9 @@ def measure_peaks(torch_device: str, *, copy_bytes: int | None = None, matmul_n:
         if on_gpu:
             torch.cuda.synchronize(device)
 
-    copy_s = _copy_time_s(device, copy_bytes, 20 if on_gpu else 5, sync)
+    if on_gpu:  # events are recorded on the current device's stream
+        torch.cuda.set_device(device)
+    copy_s = _copy_time_s(device, copy_bytes, 20 if on_gpu else 5, sync, on_gpu)
     old_tf32 = torch.backends.cuda.matmul.allow_tf32 if on_gpu else False
     old_precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
@@ -187,7 +200,7 @@ def measure_peaks(torch_device: str, *, copy_bytes: int | None = None, matmul_n:
         b = torch.rand(matmul_n, matmul_n, device=device)
         for _ in range(2):
             torch.mm(a, b)
-        mm_s = _median_time_s(lambda: torch.mm(a, b), 10 if on_gpu else 3, sync)
+        mm_s = _median_time_s(lambda: torch.mm(a, b), 10 if on_gpu else 3, sync, on_gpu)
     finally:
         torch.set_float32_matmul_precision(old_precision)
         if on_gpu:
