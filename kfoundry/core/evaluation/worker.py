@@ -165,6 +165,8 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
                              compile_time_s=compile_s, resources=resources)
         outs_per_trial.append(_clone(outs))
         refs_per_trial.append(refs)
+    for m in recorder.modules:  # kernels compiled lazily on the first forward report their resources too
+        resources.update(m.resources)
     verdict = check_independence(outs_per_trial, refs_per_trial)
     if verdict is not None:
         return JobResult(outcome=verdict.outcome, message=verdict.message, log=log, compile_time_s=compile_s,
