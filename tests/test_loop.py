@@ -179,3 +179,24 @@ def test_wall_time_budget_stops_before_the_next_evaluation(kf_config, kf_problem
     summary = loop.run()
     assert "wall time budget" in summary.stop_reason
     assert 1 <= summary.evaluations <= 2
+
+
+def test_tuning_stage_runs_inside_the_loop(kf_config, kf_problem) -> None:
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+    from kfoundry.core.store import Store
+
+    path = kf_problem(textwrap.dedent(MATMUL), name="tune_matmul")
+    config = kf_config({}, "budget.generations=1", "tuner.every=1", "tuner.name=random", "tuner.evaluations=3",
+                       "tuner.elites=1", *FAST_EVAL)
+    run_id, run_dir = new_run_dir(config, "tune_matmul")
+    problem = load_problem(path, {})
+    store = Store(run_dir / "kfoundry.db")
+    loop = OptimizeLoop(config, problem, Evaluator(problem, config, store, run_id), store, run_id, run_dir,
+                        initial_proposals=3)
+    summary = loop.run()
+    tuned = store.query("SELECT generation, result FROM loop_tuning WHERE run_id=?", (run_id,))
+    assert [r["generation"] for r in tuned] == [0]  # after generation 0, not again at the end
+    assert json.loads(tuned[0]["result"])["evaluations"] == 3
+    assert loop.state.tuning_evaluations == 3 and summary.evaluations == 3 + 3
+    assert 0 in loop.state.tuned_generations

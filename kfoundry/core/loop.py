@@ -439,6 +439,8 @@ class OptimizeLoop:
     def _final_tuning(self, reason: str) -> None:
         if self.config.tuner.every < 0 or "wall time" in reason or "evaluation budget" in reason:
             return
+        if self.state.generation - 1 in self.state.tuned_generations:
+            return  # the last generation's elites were just tuned
         self._tune(self.state.generation)
 
     def _tune(self, generation: int) -> None:
