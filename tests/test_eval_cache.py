@@ -90,13 +90,22 @@ def test_repeat_evaluation_served_from_store(tmp_path: Path, observer: Observer)
     assert observer.seen == [("correct", False), ("correct", True), ("correct", True), ("correct", False)]
 
 
-def test_plugin_static_check_veto(observer: Observer) -> None:
+def test_plugin_static_check_veto(tmp_path: Path, observer: Observer) -> None:
     problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 256})
     spy = CountingExecutor()
-    evaluator = Evaluator(problem, fast_config(cache=False), executor=spy)
-    record = evaluator.evaluate(Candidate(source=SEED + "\n# VETO\n"))
+    store = Store(tmp_path / "kf.sqlite")
+    evaluator = Evaluator(problem, fast_config(), store=store, executor=spy)
+    vetoed = Candidate(source=SEED + "\n# VETO\n")
+    record = evaluator.evaluate(vetoed)
     assert record.outcome is Outcome.rejected and "vetoed for vector_add" in record.message
     assert spy.jobs == [] and observer.seen == [("rejected", False)]
+    # A stored rejection is never served from the cache: without the veto the candidate is evaluated.
+    get_plugin_manager().remove_plugin("test-eval-observer")
+    assert evaluator.evaluate(vetoed).outcome is Outcome.correct and len(spy.jobs) == 2
+    # ...and a veto added later applies even to a cached verdict.
+    get_plugin_manager().add_plugin(observer, "test-eval-observer", package="(test)")
+    again = evaluator.evaluate(vetoed)
+    assert again.outcome is Outcome.rejected and len(spy.jobs) == 2
 
 
 def test_language_mismatch_is_a_compile_error() -> None:

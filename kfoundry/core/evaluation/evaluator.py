@@ -188,13 +188,15 @@ class Evaluator:
         pending: list[tuple[int, str]] = []
         for i, candidate in enumerate(candidates):
             key = self.eval_key(candidate)
+            # Static checks always run (cheap, and plugins may add vetoes): a cached verdict never
+            # bypasses them, and their rejections are stored under their own key, never served.
+            early = self._precheck(candidate, f"{key}-static")
+            if early is not None:
+                records[i] = self._finish(candidate, early)
+                continue
             cached = self.store.cached_evaluation(key) if self.store and self.config.evaluation.cache else None
             if cached is not None:
                 records[i] = self._finish(candidate, cached)
-                continue
-            early = self._precheck(candidate, key)
-            if early is not None:
-                records[i] = self._finish(candidate, early)
             else:
                 pending.append((i, key))
         if pending:
