@@ -13,6 +13,7 @@ Also registers the ``opencl`` hardware detector: a :class:`DeviceProfile` per de
 
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from collections.abc import Sequence
@@ -257,7 +258,9 @@ class OpenCLBackend(Backend):
             raise LaunchError("opencl: tensor argument is not contiguous (call .contiguous() first)")
         if tensor.numel() == 0:
             raise LaunchError("opencl: empty tensor argument")
-        host = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+        # The tensor's own bytes through ctypes: no torch operator runs (none reaches a dispatch mode),
+        # and the buffer aliases the tensor's memory, which the launch keeps alive until synchronize().
+        host = (ctypes.c_uint8 * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr())
         ctx, queue = self._context()
         mf = cl.mem_flags
         if zero_copy:
