@@ -4,7 +4,8 @@ A :class:`Tuner` proposes configurations (``ask``) and learns their measured obj
 ``None`` means invalid: a compile or launch failure, a wrong result, never "slow"). The driver,
 :func:`run_tuner`, owns everything a tuner must not get wrong:
 
-- the budget: unique evaluations and wall time, checked before every evaluation, never overrun;
+- the budget: unique evaluations (never overrun) and wall time (an evaluation is not started when,
+  at the average pace so far, it would end past the deadline);
 - the tabu list: a configuration is measured at most once (a repeat ask is answered from memory);
 - the space: a configuration outside the restrictions or device limits is never evaluated (the
   tuner is told it is invalid at no cost);
@@ -167,8 +168,12 @@ def run_tuner(
     def stop_reason() -> str | None:
         if limit is not None and len(trials) >= limit:
             return "evaluation budget spent"
-        if budget.wall_time_s is not None and clock() - start >= budget.wall_time_s:
-            return "wall-time budget spent"
+        if budget.wall_time_s is not None:
+            elapsed = clock() - start
+            # do not start an evaluation that would, at the pace so far, end past the deadline
+            pace = elapsed / len(trials) if trials else 0.0
+            if elapsed + pace > budget.wall_time_s:
+                return "wall-time budget spent"
         if len(seen) >= total:
             return "space exhausted"
         return None

@@ -84,16 +84,18 @@ def candidate_space(
     problem_space: TunableSpace | None = None,
     extra: TunableSpace | None = None,
     constants: Mapping[str, Any] | None = None,
+    problem_block: Sequence[str] | None = None,
 ) -> ParamSpace:
     """The space to tune: problem's, then candidate's, then ``extra`` (e.g. from the command line).
 
     ``candidate.meta`` may name the work-group shape (``block``: expressions per dimension) and the
-    local/shared memory a configuration needs (``local_mem``: an expression in bytes).
+    local/shared memory a configuration needs (``local_mem``: an expression in bytes); otherwise
+    ``problem_block`` (a native task's launch block) or parameter names decide the work-group shape.
     """
     tunable = merge_spaces(problem_space, candidate.space, extra)
     if tunable is None:
         raise TuningError("the candidate has no template parameters to tune (no space declared)")
-    block = candidate.meta.get("block")
+    block = candidate.meta.get("block") or problem_block
     return ParamSpace(
         tunable.params,
         tunable.restrictions,
@@ -102,6 +104,13 @@ def candidate_space(
         block=list(block) if block is not None else None,
         local_mem_expr=candidate.meta.get("local_mem"),
     )
+
+
+def native_block(problem: Any) -> list[str] | None:
+    """A native task's launch block expressions (the work-group shape), if it declares one."""
+    native = getattr(problem, "native", None)
+    block = getattr(getattr(getattr(native, "spec", None), "launch", None), "block", None)
+    return [str(b) for b in block] if block else None
 
 
 def default_seeds(space: ParamSpace, params: Mapping[str, Any], more: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
@@ -139,7 +148,10 @@ def tune_candidate(
     problem = evaluator.problem
     device = evaluator.device
     if space is None:
-        space = candidate_space(candidate, device, getattr(problem, "space", None))
+        space = candidate_space(
+            candidate, device, getattr(problem, "space", None), constants=getattr(problem, "shapes", None),
+            problem_block=native_block(problem),
+        )
     space.size  # enumerate now: an empty or oversized space fails before anything is compiled  # noqa: B018
     params_in_force = problem.candidate_params(candidate) if hasattr(problem, "candidate_params") else candidate.params
     seed_configs = default_seeds(space, params_in_force, seeds)

@@ -196,7 +196,7 @@ def _on_device(problem: str, candidate: str, config: Any, extra: TunableSpace | 
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.problem import load_problem, parse_shape_overrides
     from kfoundry.core.store import Store
-    from kfoundry.core.tuning import candidate_space, merge_spaces, tune_candidate
+    from kfoundry.core.tuning import candidate_space, merge_spaces, native_block, tune_candidate
 
     prob = load_problem(problem, dict(config.problem.shapes) | parse_shape_overrides(shapes))
     cand = read_candidate(candidate, parse_params(params))
@@ -212,7 +212,7 @@ def _on_device(problem: str, candidate: str, config: Any, extra: TunableSpace | 
         with Evaluator(prob, config, store=store) as evaluator:
             space = candidate_space(
                 cand, evaluator.device, prob.space, merge_spaces(extra, cli_space if cli_space.params else None),
-                constants=prob.shapes,
+                constants=prob.shapes, problem_block=native_block(prob),
             )
             result = tune_candidate(
                 evaluator, cand, config.tuner, space=space, wall_time_s=wall_time, seed=seed,
