@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from kfoundry.core.cli import main
-from kfoundry.core.recorded import CacheWriter, RecordedSpace, RecordError, export_t4, replay_objective, t4_results
+from kfoundry.core.recorded import (
+    CacheWriter,
+    RecordedSpace,
+    RecordError,
+    export_t4,
+    replay_objective,
+    t4_results,
+)
 from kfoundry.core.tuner import Budget, Measurement, run_tuner
 
 SPACES = Path(__file__).resolve().parent.parent / "benchmarks" / "spaces"

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from eval_helpers import EXAMPLES, fast_config
+
 from kfoundry.core.commands.eval import read_candidate
 from kfoundry.core.config import TunerConfig
 from kfoundry.core.evaluation import Evaluator
