@@ -31,7 +31,9 @@ def test_improved_matmul_edge_tiles_and_params() -> None:
     problem = load_problem(EXAMPLES / "kernelbench" / "matmul.py", {"M": 19, "K": 7, "N": 13})
     src = (EXAMPLES / "kernelbench" / "improved" / "matmul_opencl.py").read_text()
     with Evaluator(problem, fast_config(cache=False)) as evaluator:
-        records = evaluator.evaluate_many([Candidate(source=src, params={"RB": rb}) for rb in (1, 4)])
+        records = evaluator.evaluate_many(
+            [Candidate(source=src, params={"RB": rb, "VW": vw}) for rb, vw in ((1, 4), (4, 8))]
+        )
     assert [r.outcome for r in records] == [Outcome.correct, Outcome.correct], [r.message for r in records]
 
 

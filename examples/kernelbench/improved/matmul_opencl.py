@@ -4,30 +4,39 @@ import torch.nn as nn
 
 from kfoundry.runtime import cdiv, load
 
-# Improved for CPU OpenCL (PoCL): each work-item computes an RB x 8 block of C with float8 vectors:
-# rows of B are streamed contiguously (vload8), each A value is broadcast once per row of the block,
-# and the RB x 8 accumulators stay in registers (register blocking). Edges fall back to scalar code.
+# Improved for CPU OpenCL (PoCL): each work-item computes an RB x VW block of C with VW-wide vectors:
+# rows of B are streamed contiguously (vloadVW), each A value is broadcast once per row of the block,
+# and the RB x VW accumulators stay in registers (register blocking). Edges fall back to scalar code.
+# Tunables: RB in {1, 2, 4, 8}, VW in {4, 8}.
 SRC = r"""
 #ifndef RB
 #define RB 8
 #endif
-__kernel void matmul_vec8(__global const float* a, __global const float* b, __global float* c,
-                          const int M, const int N, const int K) {
-    const int col = get_global_id(0) * 8;
+#ifndef VW
+#define VW 8
+#endif
+#define CAT(a, b) a##b
+#define XCAT(a, b) CAT(a, b)
+#define floatV XCAT(float, VW)
+#define vloadV XCAT(vload, VW)
+#define vstoreV XCAT(vstore, VW)
+__kernel void matmul_vec(__global const float* a, __global const float* b, __global float* c,
+                         const int M, const int N, const int K) {
+    const int col = get_global_id(0) * VW;
     const int row = get_global_id(1) * RB;
     if (col >= N || row >= M) return;
-    if (col + 8 <= N && row + RB <= M) {
-        float8 acc[RB];
-        for (int r = 0; r < RB; ++r) acc[r] = (float8)(0.0f);
+    if (col + VW <= N && row + RB <= M) {
+        floatV acc[RB];
+        for (int r = 0; r < RB; ++r) acc[r] = (floatV)(0.0f);
         for (int k = 0; k < K; ++k) {
-            const float8 bv = vload8(0, b + (long)k * N + col);
-            for (int r = 0; r < RB; ++r) acc[r] = fma((float8)(a[(long)(row + r) * K + k]), bv, acc[r]);
+            const floatV bv = vloadV(0, b + (long)k * N + col);
+            for (int r = 0; r < RB; ++r) acc[r] = fma((floatV)(a[(long)(row + r) * K + k]), bv, acc[r]);
         }
-        for (int r = 0; r < RB; ++r) vstore8(acc[r], 0, c + (long)(row + r) * N + col);
+        for (int r = 0; r < RB; ++r) vstoreV(acc[r], 0, c + (long)(row + r) * N + col);
         return;
     }
     for (int r = row; r < min(row + RB, M); ++r)
-        for (int j = col; j < min(col + 8, N); ++j) {
+        for (int j = col; j < min(col + VW, N); ++j) {
             float acc = 0.0f;
             for (int k = 0; k < K; ++k) acc = fma(a[(long)r * K + k], b[(long)k * N + j], acc);
             c[(long)r * N + j] = acc;
@@ -36,16 +45,17 @@ __kernel void matmul_vec8(__global const float* a, __global const float* b, __gl
 """
 
 RB = PARAMS.get("RB", 8)
+VW = PARAMS.get("VW", 8)
 
 
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
-        self.k = load(SRC, defines={**PARAMS, "RB": RB})
+        self.k = load(SRC, defines={**PARAMS, "RB": RB, "VW": VW})
 
     def forward(self, a, b):
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty(M, N, dtype=a.dtype)
-        self.k.matmul_vec8(a, b, c, M, N, K, grid=(cdiv(N, 8), cdiv(M, RB)))
+        self.k.matmul_vec(a, b, c, M, N, K, grid=(cdiv(N, VW), cdiv(M, RB)))
         return c
