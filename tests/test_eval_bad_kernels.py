@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from eval_helpers import BAD, EXAMPLES, fast_config
 
 from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Candidate, EvalRecord, Outcome
 from kfoundry.core.problem import load_problem
-from tests.eval_helpers import BAD, EXAMPLES, fast_config
 
 EXPECTED: dict[str, tuple[Outcome, str]] = {
     "wrong_result": (Outcome.mismatch, "elements off"),

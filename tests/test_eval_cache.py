@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from eval_helpers import BAD, EXAMPLES, ROOT, fast_config
 
 from kfoundry import hookimpl
 from kfoundry.core.evaluation import EvalJob, Evaluator, Executor, JobResult, run_sandboxed
@@ -19,7 +20,6 @@ from kfoundry.core.models import Candidate, EvalRecord, Outcome
 from kfoundry.core.plugins import get_plugin_manager
 from kfoundry.core.problem import load_problem
 from kfoundry.core.store import Store
-from tests.eval_helpers import BAD, EXAMPLES, ROOT, fast_config
 
 SEED = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
 
@@ -119,12 +119,12 @@ SCRIPT = textwrap.dedent(
     """
     import sys, warnings
     warnings.simplefilter("ignore")
-    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.models import Candidate
     from kfoundry.core.problem import load_problem
     from kfoundry.core.store import Store
-    from tests.eval_helpers import fast_config
+    from eval_helpers import fast_config
     problem = load_problem({problem!r}, {{"N": 1024}})
     ev = Evaluator(problem, fast_config(timeout_s=300.0), store=Store(sys.argv[1]), run_id="killed")
     for path in sys.argv[2:]:
@@ -136,7 +136,7 @@ SCRIPT = textwrap.dedent(
 
 def test_kill_mid_evaluation_loses_nothing_stored(tmp_path: Path) -> None:
     db = tmp_path / "kf.sqlite"
-    script = SCRIPT.format(root=str(ROOT), problem=str(EXAMPLES / "kernelbench" / "vector_add.py"))
+    script = SCRIPT.format(tests=str(ROOT / "tests"), problem=str(EXAMPLES / "kernelbench" / "vector_add.py"))
     seed_path = EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py"
     proc = subprocess.Popen(
         [sys.executable, "-c", script, str(db), str(seed_path), str(BAD / "infinite_loop.py")],

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from eval_helpers import BAD, EXAMPLES
 
 from kfoundry.core.cli import main
-from tests.eval_helpers import BAD, EXAMPLES
 
 FAST = [
     "--set",

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from eval_helpers import EXAMPLES, SMALL_SHAPES, fast_config
 
 from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Candidate, Outcome
 from kfoundry.core.problem import load_problem
-from tests.eval_helpers import EXAMPLES, SMALL_SHAPES, fast_config
 
 
 @pytest.mark.parametrize("name", sorted(SMALL_SHAPES))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from eval_helpers import BAD, EXAMPLES, fast_config
 
 from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation import EvalJob
 from kfoundry.core.models import Candidate, Outcome
 from kfoundry.core.plugins import get_plugin
 from kfoundry.plugins.executors.local import LocalExecutor, LocalOptions
-from tests.eval_helpers import BAD, EXAMPLES, fast_config
 
 
 def test_local_executor_runs_jobs_concurrently_in_order() -> None:

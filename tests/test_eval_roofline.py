@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from eval_helpers import EXAMPLES, fast_config
 
 from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Candidate, Outcome
 from kfoundry.core.peaks import MeasuredPeaks, store_measured
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.backends.opencl import OpenCLBackend
-from tests.eval_helpers import EXAMPLES, fast_config
 
 SEED = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
 

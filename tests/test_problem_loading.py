@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from eval_helpers import EXAMPLES, SMALL_SHAPES
 
 from kfoundry.core.errors import ProblemError
 from kfoundry.core.models import Candidate
 from kfoundry.core.problem import load_problem, parse_shape_overrides
-from tests.eval_helpers import EXAMPLES, SMALL_SHAPES
 
 
 @pytest.mark.parametrize("name", sorted(SMALL_SHAPES))
