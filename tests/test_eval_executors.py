@@ -66,3 +66,24 @@ def test_worker_output_joins_the_log() -> None:
     result = LocalExecutor().run([job])[0]
     assert result.outcome is Outcome.correct, result.message
     assert "hello from the candidate" in result.log and "trial input seeds: [7]" in result.log
+
+
+def test_sandbox_server_restarts_after_dying() -> None:
+    from kfoundry.core.evaluation import sandbox
+
+    seed = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
+    job = EvalJob(
+        problem_path=str(EXAMPLES / "kernelbench" / "vector_add.py"),
+        shapes={"N": 128},
+        candidate=Candidate(source=seed),
+        evaluation=fast_config(trials=1).evaluation,
+        seeds=[3],
+        backend_plugin="opencl",
+    )
+    assert sandbox.run_sandboxed(job).outcome is Outcome.correct
+    proc = sandbox._server._proc
+    assert proc is not None
+    proc.kill()
+    proc.wait()
+    assert sandbox.run_sandboxed(job).outcome is Outcome.correct
+    assert sandbox._server._proc is not proc
