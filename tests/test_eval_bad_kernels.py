@@ -31,7 +31,7 @@ EXPECTED: dict[str, tuple[Outcome, str]] = {
 @pytest.fixture(scope="module")
 def verdicts() -> Iterator[dict[str, EvalRecord]]:
     problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 2048})
-    config = fast_config(cache=False, timeout_s=8.0, memory_limit_mb=4096)
+    config = fast_config(cache=False, timeout_s=12.0, memory_limit_mb=4096)
     config.executor.options = {"workers": 2}
     names = sorted(EXPECTED)
     with Evaluator(problem, config) as evaluator:
