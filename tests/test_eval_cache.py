@@ -159,3 +159,26 @@ def test_kill_mid_evaluation_loses_nothing_stored(tmp_path: Path) -> None:
         Candidate(source=seed_path.read_text())
     )
     assert again.cached and again.outcome is Outcome.correct and spy.jobs == []
+
+
+class FlakyExecutor(CountingExecutor):
+    """The real sandbox, except that the first candidate job 'loses' its sandbox server."""
+
+    def run(self, jobs: list[EvalJob]) -> list[JobResult]:
+        if any(j.kind == "evaluate" for j in jobs) and not any(j.kind == "evaluate" for j in self.jobs):
+            self.jobs.extend(jobs)
+            return [
+                JobResult(outcome=Outcome.runtime_error, message="worker crashed: the sandbox server died")
+            ]
+        return super().run(jobs)
+
+
+def test_machinery_failures_are_stored_but_never_served(tmp_path: Path) -> None:
+    problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 256})
+    spy = FlakyExecutor()
+    evaluator = Evaluator(problem, fast_config(), store=Store(tmp_path / "kf.sqlite"), executor=spy)
+    evaluator.reference_timing()
+    first = evaluator.evaluate(Candidate(source=SEED))
+    assert first.outcome is Outcome.runtime_error and first.eval_key.endswith("-env")
+    second = evaluator.evaluate(Candidate(source=SEED))
+    assert second.outcome is Outcome.correct and not second.cached

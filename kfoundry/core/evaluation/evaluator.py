@@ -44,6 +44,13 @@ def _entry_point_of(kind: PluginKind, name: str) -> str | None:
     return plugin if plugin in names else None
 
 
+def _environment_failure(result: JobResult) -> bool:
+    """A failure of the machinery (sandbox server died, worker setup failed), not of the candidate."""
+    return result.outcome is Outcome.runtime_error and (
+        result.message.startswith("setup:") or "the sandbox server died" in result.message
+    )
+
+
 class Evaluator:
     """Evaluates candidates for one problem on one backend device (see module docstring)."""
 
@@ -203,6 +210,8 @@ class Evaluator:
             self.reference_timing()
             results = self.executor.run([self._job("evaluate", candidates[i]) for i, _ in pending])
             for (i, key), result in zip(pending, results, strict=True):
+                if _environment_failure(result):  # stored, but never served from the cache
+                    key = f"{key}-env"
                 records[i] = self._finish(candidates[i], self._record(candidates[i], key, result))
         return [r for r in records if r is not None]
 
