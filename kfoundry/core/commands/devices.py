@@ -61,10 +61,14 @@ def _gib(value: int | None) -> str:
     return f"{value / 2**30:.1f} GiB" if value else "-"
 
 
+def _kib(value: int | None) -> str:
+    return f"{value // 1024} KiB" if value else "-"
+
+
 def _render(listing: list[dict[str, Any]]) -> None:
     console = Console()
     table = Table(title="kfoundry devices")
-    for col in ("backend", "#", "device", "type", "units", "CC", "memory", "L2", "shared/block", "GB/s", "GFLOP/s", "peaks"):
+    for col in ("backend", "#", "device", "type", "units", "CC", "memory", "L2", "shared/local", "GB/s", "GFLOP/s", "peaks"):
         table.add_column(col)
     for entry in listing:
         for d in entry["devices"]:
@@ -77,7 +81,7 @@ def _render(listing: list[dict[str, Any]]) -> None:
                 d.get("compute_capability") or "-",
                 _gib(d.get("global_mem_bytes")),
                 f"{(d.get('l2_cache_bytes') or 0) / 2**20:.0f} MiB" if d.get("l2_cache_bytes") else "-",
-                f"{d['shared_mem_per_block'] // 1024} KiB" if d.get("shared_mem_per_block") else "-",
+                _kib(d.get("shared_mem_per_block") or d.get("local_mem_bytes")),
                 f"{d['peak_bandwidth_gbs']:.0f}" if d.get("peak_bandwidth_gbs") else "-",
                 f"{d['peak_gflops']:.0f}" if d.get("peak_gflops") else "-",
                 "measured" if d.get("peaks_measured") else ("table" if d.get("peak_gflops") else "-"),
