@@ -107,7 +107,7 @@ class CudaBackend(Backend):
     def select_device(self, spec: str | int | None = None) -> DeviceProfile:
         chosen = super().select_device(spec)
         self.torch_device = f"cuda:{chosen.index}"
-        if self.capabilities().can_run:
+        if chosen.index != 0 and self.capabilities().can_run:  # device 0 is current already; no context made
             import torch
 
             torch.cuda.set_device(chosen.index)
@@ -211,7 +211,7 @@ class CudaBackend(Backend):
         if not self.capabilities().can_run:
             raise BackendUnavailable(f"cuda: no CUDA device is present ({self.capabilities().reason})")
         try:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.torch_device if self.torch_device != "cuda" else None)
         except RuntimeError as exc:
             if is_sticky_error(exc):
                 raise GpuFault(f"kernel faulted on the GPU: {str(exc).splitlines()[0]}") from exc
