@@ -8,7 +8,7 @@ read of the row) → on CUDA, warp-shuffle merges and the warp/block hierarchy.
 from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
-from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
+from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe, to_cuda
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 from kfoundry.plugins.llms.offline.rowops import RowOp, multipass, row_op
 
@@ -459,5 +459,74 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig}) {{
     return out
 
 
+def split_rows(spec: OpSpec, language: str) -> Recipe | None:
+    """Rows split into SPLIT chunks across work-groups (for few long rows): kernel 1 writes each chunk's
+    statistics, kernel 2 merges a row's partials in every work-group and writes its chunk."""
+    if spec.inner != 1:
+        return None
+    op = row_op(spec, language)
+    names = [n for n, _ in op.stats]
+    k = len(names)
+    g = "__global const float* restrict"
+    wb = f"{g} w, {g} b, " if spec.affine else ""
+    shared = "\n    ".join(f"__local float sh_{n}[BR];" for n in names)
+    save = " ".join(f"sh_{n}[tr] = {n};" for n in names)
+    load_o = " ".join(f"float {n}_o = sh_{n}[tr + s];" for n in names)
+    put = " ".join(f"P[((long)o * SPLIT + chunk) * {k} + {i}] = {n};" for i, n in enumerate(names))
+    get = " ".join(f"float {n}_o = P[((long)o * SPLIT + c) * {k} + {i}];" for i, n in enumerate(names))
+    head = """    int tr = get_local_id(0), chunk = get_group_id(0), o = get_group_id(1);
+    int per = (R + SPLIT - 1) / SPLIT;
+    int r0 = chunk * per, r1 = min(R, r0 + per);
+    __global const float* xr = X + (long)o * R;"""
+    write = (
+        f"if (chunk == 0 && tr == 0) Y[o] = {op.result};" if op.reduce
+        else f"__global float* yr = Y + (long)o * R;\n    for (int r = r0 + tr; r < r1; r += BR) "
+        f"{{ float x = xr[r]; int j = r; yr[r] = {op.out}; }}"
+    )
+    kernel = f"""
+__kernel void rows_partial({g} X, __global float* restrict P, int outer, int R, int inner) {{
+    {shared}
+{head}
+    {op.declare()}
+    for (int r = r0 + tr; r < r1; r += BR) {{ float x = xr[r]; {op.acc} }}
+    {save}
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = BR / 2; s > 0; s >>= 1) {{
+        if (tr < s) {{ {load_o} {op.merge} {save} }}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }}
+    if (tr == 0) {{ {" ".join(f"{n} = sh_{n}[0];" for n in names)} {put} }}
+}}
+
+__kernel void rows({g} X, {wb}__global float* restrict Y, {g} P, int outer, int R, int inner) {{
+{head}
+    {op.declare()}
+    for (int c = 0; c < SPLIT; ++c) {{ {get} {op.merge} }}
+    {op.final}
+    {write}
+}}
+"""
+    if language == "cuda":
+        kernel = to_cuda(kernel).replace("min(R, r0 + per)", "min(R, r0 + per)")
+    wbp = "self.m0.weight, self.m0.bias, " if spec.affine else ""
+    forward = f"""
+        part = torch.empty(({spec.outer}, p['SPLIT'], {k}), dtype=x.dtype, device=x.device)
+        self.prog.rows_partial(x, part, {spec.outer}, {spec.R}, 1, grid=(p['SPLIT'], {spec.outer}, 1), block=(p['BR'], 1, 1))
+        y = torch.empty({list(spec.output_shape)!r}, dtype=x.dtype, device=x.device)
+        self.prog.rows(x, {wbp}y, part, {spec.outer}, {spec.R}, 1, grid=(p['SPLIT'], {spec.outer}, 1), block=(p['BR'], 1, 1))
+        return y
+    """
+    brs = [16, 32, 64, 128] if language == "opencl" else [128, 256, 512, 1024]
+    splits = [s for s in (2, 4, 8, 16, 32, 64) if s * 32 <= spec.R] or [2]
+    return Recipe(
+        f"{spec.family}/split_rows", spec.family, language, kernel, forward, ["x"],
+        TunableSpace(params={"SPLIT": splits, "BR": brs}), {"SPLIT": splits[min(2, len(splits) - 1)], "BR": brs[1]},
+        rank=3, modules=spec.modules,
+        description="each row split across SPLIT work-groups: partial statistics, then merge and write",
+    )
+
+
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    return opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
+    out = opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
+    split = split_rows(spec, language)
+    return out + ([split] if split is not None else [])
