@@ -71,8 +71,11 @@ class RichObserver:
 
 
 def budget_total(config: RunConfig) -> int:
-    b = config.budget
+    """Evaluations the run plans: seeding, the generations' proposals and the tuning stages."""
+    b, t = config.budget, config.tuner
     planned = max(b.proposals_per_generation, 8) + (b.generations - 1) * b.proposals_per_generation
+    stages = 0 if t.every < 0 else (1 if t.every == 0 else max(1, b.generations // t.every))
+    planned += stages * t.elites * t.evaluations
     return min(planned, b.evaluations) if b.evaluations else planned
 
 
