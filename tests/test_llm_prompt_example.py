@@ -42,8 +42,7 @@ def get_init_inputs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [None, 64])
-def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path, block: int | None) -> None:
+def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path) -> None:
     request = GenerationRequest(
         problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="opencl",
         device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
@@ -57,9 +56,8 @@ def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path, block: int
     (tmp_path / "candidate.py").write_text(example)
     code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
     args = ["eval", str(tmp_path / "scale_add.py"), str(tmp_path / "candidate.py"),
-            "--set", f"output_dir={tmp_path}", "--set", "evaluation.trials=2", "--set", "evaluation.target_time_s=0.02"]
-    if block:
-        args += ["--params", f"BLOCK={block}"]
+            "--set", f"output_dir={tmp_path}", "--set", "evaluation.trials=2", "--set", "evaluation.target_time_s=0.02",
+            "--params", "BLOCK=64"]  # a tuned value, read through the harness's PARAMS
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "correct" in done.stdout
