@@ -526,7 +526,75 @@ __kernel void rows({g} X, {wb}__global float* restrict Y, {g} P, int outer, int 
     )
 
 
+def inner_vector(spec: OpSpec, language: str) -> Recipe | None:
+    """Reductions over a non-last dimension (and RMS norm there): VW neighbouring columns per work-item,
+    vector loads along the contiguous inner dimension, statistics in vector registers."""
+    if spec.inner == 1 or spec.family not in ("reduce", "rms_norm"):
+        return None
+    vws = [v for v in (2, 4, 8) if spec.inner % v == 0] if language == "opencl" else [4] if spec.inner % 4 == 0 else []
+    if not vws:
+        return None
+    op = spec.reduce_op if spec.family == "reduce" else "sumsq"
+    init = {"max": "-INFINITY", "min": "INFINITY"}.get(op, "0.0f")
+    R = f"{float(spec.R)!r}f"
+    eps = f"{spec.eps!r}f"
+    if language == "opencl":
+        step = {"max": "acc = fmax(acc, v);", "min": "acc = fmin(acc, v);", "sumsq": "acc += v * v;"}.get(op, "acc += v;")
+        if spec.family == "reduce":
+            result = "acc / (floatv)(" + R + ")" if op == "mean" else "acc"
+            tail = f"VSTOREV({result}, 0, Y + (long)o * inner + iv * VW);"
+        else:
+            tail = (f"floatv rstd = rsqrt(acc / (floatv)({R}) + (floatv)({eps}));\n"
+                    "    for (int r = 0; r < R; ++r) VSTOREV(VLOADV(0, xr + (long)r * inner) * rstd, 0, "
+                    "Y + (long)o * R * inner + (long)r * inner + iv * VW);")
+        kernel = f"""{OPENCL_VECTOR_HELPERS}
+__kernel void rows(__global const float* restrict X, __global float* restrict Y, int outer, int R, int inner) {{
+    int g = get_global_id(0);
+    if (g >= outer * (inner / VW)) return;
+    int iv = g % (inner / VW), o = g / (inner / VW);
+    __global const float* xr = X + (long)o * R * inner + iv * VW;
+    floatv acc = (floatv)({init});
+    for (int r = 0; r < R; ++r) {{ floatv v = VLOADV(0, xr + (long)r * inner); {step} }}
+    {tail}
+}}
+"""
+    else:
+        comps = "xyzw"
+        step = {"max": "acc.{c} = fmaxf(acc.{c}, v.{c});", "min": "acc.{c} = fminf(acc.{c}, v.{c});",
+                "sumsq": "acc.{c} = fmaf(v.{c}, v.{c}, acc.{c});"}.get(op, "acc.{c} += v.{c};")
+        steps = " ".join(step.format(c=c) for c in comps)
+        if spec.family == "reduce":
+            scale = " / " + R if op == "mean" else ""
+            tail = ("reinterpret_cast<float4*>(Y + (size_t)o * inner)[iv] = make_float4("
+                    + ", ".join(f"acc.{c}{scale}" for c in comps) + ");")
+        else:
+            rstd = " ".join(f"float r{c} = rsqrtf(acc.{c} / {R} + {eps});" for c in comps)
+            tail = (f"{rstd}\n    for (int r = 0; r < R; ++r) {{ float4 v = __ldg(reinterpret_cast<const float4*>"
+                    "(xr + (size_t)r * inner)); reinterpret_cast<float4*>(Y + (size_t)o * R * inner + (size_t)r * inner)"
+                    "[iv] = make_float4(v.x * rx, v.y * ry, v.z * rz, v.w * rw); }")
+        kernel = f"""
+extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__ Y, int outer, int R, int inner) {{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= outer * (inner / 4)) return;
+    int iv = g % (inner / 4), o = g / (inner / 4);
+    const float* xr = X + (size_t)o * R * inner + iv * 4;
+    float4 acc = make_float4({init}, {init}, {init}, {init});
+    for (int r = 0; r < R; ++r) {{ float4 v = __ldg(reinterpret_cast<const float4*>(xr + (size_t)r * inner)); {steps} }}
+    {tail}
+}}
+"""
+    vw = "p['VW']" if language == "opencl" else "4"
+    params = {"VW": vws, "BLOCK_X": [1, 4, 16, 64]} if language == "opencl" else {"BLOCK_X": [64, 128, 256, 512]}
+    defaults = {"VW": vws[-1], "BLOCK_X": 4} if language == "opencl" else {"BLOCK_X": 256}
+    return Recipe(
+        f"{spec.family}/inner_vector", spec.family, language, kernel,
+        _forward(spec, f"(_cdiv({spec.outer} * ({spec.inner} // {vw}), p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+        ["x"], TunableSpace(params=params), defaults, rank=2, modules=spec.modules,
+        description="vector loads along the contiguous inner dimension, statistics in vector registers",
+    )
+
+
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     out = opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
-    split = split_rows(spec, language)
-    return out + ([split] if split is not None else [])
+    extra = [split_rows(spec, language), inner_vector(spec, language)]
+    return out + [r for r in extra if r is not None]
