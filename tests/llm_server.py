@@ -337,9 +337,10 @@ def script_responder(
 
 
 def evolving_responder(flavour: int, meta_text: str = "Prefer contiguous per-work-item loops.") -> Responder:
-    """Plays a model through a whole run: full kernels when creating (every fifth reply is garbage,
-    every seventh a wrong kernel), a SEARCH/REPLACE diff on the parent's ``WORK`` when improving or
-    repairing, a ranking that prefers later candidates, and a section rewrite for meta prompts."""
+    """Plays a model through a whole run: every fifth reply is prose without code; otherwise a
+    SEARCH/REPLACE diff on the parent's ``WORK`` when there is a parent, else a full kernel (every
+    seventh a wrong one); a ranking that prefers later candidates; a section rewrite for meta prompts."""
+
     import re as _re
 
     state = {"i": 0}
@@ -359,6 +360,8 @@ def evolving_responder(flavour: int, meta_text: str = "Prefer contiguous per-wor
         with lock:
             state["i"] += 1
             i = state["i"]
+        if i % 5 == 0:
+            return Reply("I would tile it, but here is only prose.")
         parent = _re.search(r'WORK = PARAMS\.get\("WORK", (\d+)\)', text.split("## Parent kernel", 1)[-1])
         if "## Parent kernel" in text and parent:
             work = int(parent.group(1))
@@ -367,8 +370,6 @@ def evolving_responder(flavour: int, meta_text: str = "Prefer contiguous per-wor
                 f'Double the work per item.\n<<<<<<< SEARCH\n    WORK = PARAMS.get("WORK", {work})\n=======\n'
                 f'WORK = PARAMS.get("WORK", {new})\n>>>>>>> REPLACE\n'
             )
-        if i % 5 == 0:
-            return Reply("I would tile it, but here is only prose.")
         block = [16, 32, 64, 128][(i + flavour) % 4]
         return Reply(fenced(vecadd(block, 1 + 100 * flavour + i, wrong=(i % 7 == 0))))
 

@@ -28,7 +28,6 @@ def run_config(tmp: Path, llms: list[dict[str, Any]], out: str) -> Path:
         "seed": 3,
         "llms": llms,
         "ensemble": {"mode": "vote", "keep": 2, "meta_every": 2},
-        "search": {"name": "random_search"},
         "tuner": {"every": -1},
         "budget": {"generations": 6, "proposals_per_generation": 2, "llm_tokens": CAP},
         "evaluation": {"trials": 2, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 5, "target_time_s": 0.02,

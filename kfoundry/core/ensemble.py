@@ -162,6 +162,8 @@ class Ensemble(Generator):
         self, member: Member, request: GenerationRequest, call: Callable[..., list[Proposal]]
     ) -> list[Proposal]:
         """One member's proposals; an exhausted budget or an unsupported problem yields none."""
+        if self.exhausted and member.is_llm:
+            return []
         try:
             props = call(member.generator, request)
         except LLMBudgetExhausted as exc:
