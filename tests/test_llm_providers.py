@@ -229,3 +229,12 @@ def test_denser_prompts_than_assumed_tighten_the_estimate(server: LLMServer, tmp
     p.propose(request())
     assert p.ledger.chars_per_token == pytest.approx(0.9 * chars / (chars // 2))
     assert estimate_tokens("x" * 1800, p.ledger.chars_per_token) == 1000
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("body", ['{"foo": 1}', '{"choices": "x", "content": null, "usage": null}', "[1, 2]", '"text"'])
+def test_json_of_the_wrong_shape_is_retried(api: str, body: str, server: LLMServer, tmp_path: Path) -> None:
+    route(server, api).push(Garbage(body), Reply(fenced(vecadd())))
+    [prop] = make(api, server, tmp_path).propose(request())
+    assert prop.candidate is not None and len(server.calls(api)) == 2
+    assert load_recording(tmp_path / "calls.jsonl")[0].attempts == 2

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from kfoundry import hookimpl
 from kfoundry.core.hookspecs import Register
+from kfoundry.core.llm.cost import estimate_tokens
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError
@@ -99,14 +100,19 @@ class AnthropicProvider(LLMProvider):
     def _read(self, resp: object) -> Completion:
         if not isinstance(resp, Message):
             raise TransientError(f"llm {self.name}: malformed reply ({type(resp).__name__}, not a message)")
-        parts = [b.text for b in resp.content if getattr(b, "type", "") == "text" and isinstance(b.text, str)]
-        usage = resp.usage
-        tokens_in = (
-            int(usage.input_tokens or 0)
-            + int(usage.cache_creation_input_tokens or 0)
-            + int(usage.cache_read_input_tokens or 0)
+        content, usage = getattr(resp, "content", None), getattr(resp, "usage", None)
+        if not isinstance(content, list):
+            raise TransientError(f"llm {self.name}: malformed reply (no content list)")
+        parts = [getattr(b, "text", None) for b in content if getattr(b, "type", "") == "text"]
+        text = "".join(p for p in parts if isinstance(p, str))
+        if usage is None:  # count conservatively
+            return Completion(text, 0, estimate_tokens(text), getattr(resp, "stop_reason", "") or "")
+        tokens_in = sum(
+            int(getattr(usage, f, 0) or 0)
+            for f in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
         )
-        return Completion("".join(parts), tokens_in, int(usage.output_tokens or 0), resp.stop_reason or "")
+        tokens_out = int(getattr(usage, "output_tokens", 0) or 0)
+        return Completion(text, tokens_in, tokens_out, getattr(resp, "stop_reason", "") or "")
 
 
 @hookimpl

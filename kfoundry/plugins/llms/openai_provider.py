@@ -15,6 +15,7 @@ from pydantic import Field
 
 from kfoundry import hookimpl
 from kfoundry.core.hookspecs import Register
+from kfoundry.core.llm.cost import estimate_tokens
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError, parse_retry_after
@@ -98,23 +99,20 @@ class OpenAIProvider(LLMProvider):
             raise TransientError(
                 f"llm {self.name}: malformed reply ({type(resp).__name__}, not a chat completion)"
             )
-        if not resp.choices:
+        choices = getattr(resp, "choices", None)
+        if not isinstance(choices, list) or not choices:
             raise TransientError(f"llm {self.name}: reply has no choices")
-        choice = resp.choices[0]
-        text = choice.message.content if choice.message is not None else None
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None)
         if text is not None and not isinstance(text, str):
             raise TransientError(f"llm {self.name}: malformed reply content ({type(text).__name__})")
-        usage = resp.usage
+        usage = getattr(resp, "usage", None)
+        finish = getattr(choice, "finish_reason", "") or ""
         if usage is None:  # some local servers leave usage out: count conservatively
-            from kfoundry.core.llm.cost import estimate_tokens
-
-            return Completion(text or "", 0, estimate_tokens(text or ""), choice.finish_reason or "")
-        return Completion(
-            text or "",
-            int(usage.prompt_tokens or 0),
-            int(usage.completion_tokens or 0),
-            choice.finish_reason or "",
-        )
+            return Completion(text or "", 0, estimate_tokens(text or ""), finish)
+        tokens_in = int(getattr(usage, "prompt_tokens", 0) or 0)
+        return Completion(text or "", tokens_in, int(getattr(usage, "completion_tokens", 0) or 0), finish)
 
 
 @hookimpl
