@@ -127,3 +127,16 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
          c["error_kind"]) for c in calls
     ]
     json.loads((run_dir / "run.json").read_text())  # the live run folder stays intact
+
+
+def test_a_rejected_key_ends_the_run_in_one_line_without_the_key(tmp_path: Path) -> None:
+    wrong = "sk-wrong-9f8e7d6c5b4a"
+    with LLMServer(key=KEY) as srv:
+        llms = [{"name": "openai", "model": "gpt-e2e",
+                 "options": {"api_key_env": "KF_E2E_KEY", "base_url": srv.openai_url, "max_retries": 3}}]
+        done = kf_run(run_config(tmp_path, llms, "denied"), {**os.environ, "KF_E2E_KEY": wrong, "PYTHONPATH": str(ROOT)})
+        assert len(srv.requests) == 1  # a 401 is not retried
+    assert done.returncode == 2
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert lines == ["error: llm openai:gpt-e2e: HTTP 401: invalid api key"], done.stderr[-2000:]
+    assert wrong not in done.stdout + done.stderr

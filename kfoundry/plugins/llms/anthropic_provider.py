@@ -18,7 +18,7 @@ from kfoundry.core.llm.cost import estimate_tokens
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError
-from kfoundry.plugins.llms.openai_provider import retry_after
+from kfoundry.plugins.llms.openai_provider import error_text, retry_after
 
 _RETRYABLE = {408, 409, 429}
 _FATAL = {401, 403, 404}
@@ -85,7 +85,7 @@ class AnthropicProvider(LLMProvider):
             resp = self.client().messages.create(**kwargs)
         except anthropic.APIStatusError as exc:
             status = exc.status_code
-            what = f"llm {self.name}: HTTP {status}: {self.scrub(str(exc.message))[:300]}"
+            what = f"llm {self.name}: HTTP {status}: {self.scrub(error_text(exc))}"
             if status in _RETRYABLE or status >= 500:
                 raise TransientError(what, retry_after(exc)) from None
             if status in _FATAL:

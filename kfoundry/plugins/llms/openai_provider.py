@@ -7,6 +7,7 @@ server's base URL ends in ``/v1``. The key comes from the environment variable n
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import openai
@@ -36,6 +37,12 @@ class OpenAIOptions(ProviderOptions):
         "max_tokens for other servers).",
     )
     seed: int | None = Field(default=None, description="Sampling seed, where the server honours it.")
+
+
+def error_text(exc: Exception) -> str:
+    """The server's own words from an SDK status error, on one line (no "Error code: NNN - " prefix)."""
+    text = re.sub(r"^Error code: \d+ - ", "", str(getattr(exc, "message", "") or exc))
+    return " ".join(text.split())[:300]
 
 
 def retry_after(exc: Exception) -> float | None:
@@ -82,7 +89,7 @@ class OpenAIProvider(LLMProvider):
             resp = self.client().chat.completions.create(**kwargs)
         except openai.APIStatusError as exc:
             status = exc.status_code
-            what = f"llm {self.name}: HTTP {status}: {self.scrub(str(exc.message))[:300]}"
+            what = f"llm {self.name}: HTTP {status}: {self.scrub(error_text(exc))}"
             if status in _RETRYABLE or status >= 500:
                 raise TransientError(what, retry_after(exc)) from None
             if status in _FATAL:
