@@ -180,3 +180,11 @@ def test_ranking_prompt_and_parse() -> None:
         2,
     ]  # duplicates and out-of-range dropped, rest appended
     assert parse_ranking("no ranking here", 3) is None
+
+
+def test_prompt_descriptor_names_follow_the_archive_axes() -> None:
+    from kfoundry.core.descriptors import AXES, LEVELS
+    from kfoundry.core.llm.prompts import DESCRIPTORS
+
+    assert [name for name, _ in DESCRIPTORS] == list(AXES)
+    assert all(len(levels) == LEVELS for _, levels in DESCRIPTORS)
