@@ -236,6 +236,14 @@ def test_a_resumed_run_keeps_its_spend_numbering_and_prompts(
         v.id: v.uses + 1 for v in first.prompts.variants.values()
     }
     seqs = [r["seq"] for r in store.query("SELECT seq FROM llm_calls ORDER BY id")]
+    # what the run had proposed and evaluated before is remembered after the resume
+    old = Candidate(source=vecadd(999, 9))
+    store.save_candidate(old, run_id="run1")
+    rec = record(old, Outcome.compile_error)
+    store.save_evaluation(rec.model_copy(update={"log": "x.cl:1:1: error: boom"}), run_id="run1")
+    third = build(cfg, kf_plugin_manager, tmp_path, store)
+    assert third.novelty is not None and vecadd(999, 9) in third.novelty
+    assert third.prompts is not None and sum(third.prompts.errors.counts.values()) == 1
     assert seqs == [1, 2, 3, 4]  # three calls and the refusal, numbered on from before
     store.close()
 

@@ -438,9 +438,21 @@ def build_ensemble(
         meta=meta,
         novelty=NoveltyFilter() if ens.novelty else None,
     )
+    if store is not None and run_id is not None and hasattr(store, "list_candidates"):
+        _catch_up(ensemble, store, run_id)
     if attach:
         ensemble.attach(manager)
     return ensemble
+
+
+def _catch_up(ensemble: Ensemble, store: Any, run_id: str) -> None:
+    """A resumed run: remember what was already proposed (novelty) and which failures recur (pitfalls)."""
+    if ensemble.novelty is not None:
+        for c in store.list_candidates(run_id):
+            ensemble.novelty.add(c.source, dict(c.params))
+    if ensemble.prompts is not None:
+        for record in store.evaluations(run_id=run_id):
+            ensemble.prompts.errors.add(record)
 
 
 def replay_config(
