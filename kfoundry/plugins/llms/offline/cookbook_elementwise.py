@@ -7,6 +7,7 @@ element is read once and written once whatever the chain's length.
 from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.elementwise_ops import prelude
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
@@ -40,7 +41,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     sig = _sig(spec, "opencl")
     n = spec.numel
     out: list[Recipe] = []
-    naive = f"""
+    naive = f"""{prelude(expr, "opencl")}
 __kernel void elementwise({sig}) {{
     int i = get_global_id(0);
     if (i >= n) return;
@@ -57,7 +58,7 @@ __kernel void elementwise({sig}) {{
         return out
     vl = " ".join(f"float s{k}[VW]; VSTOREV(VLOADV(c, in{k}), 0, s{k});" for k in range(len(spec.input_shapes)))
     comp = " ".join(f"float v{k} = s{k}[u];" for k in range(len(spec.input_shapes)))
-    vec = f"""{OPENCL_VECTOR_HELPERS}
+    vec = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
 __kernel void elementwise({sig}) {{
     int c0 = get_global_id(0) * WPT;
     #pragma unroll
@@ -77,6 +78,23 @@ __kernel void elementwise({sig}) {{
                       TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
                       {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=1,
                       description="vector loads and stores, WPT vectors per work-item"))
+    if "?" not in expr:  # the whole chain in vector arithmetic (vector exp/erf/tanh...)
+        vloads = " ".join(f"floatv v{k} = VLOADV(c, in{k});" for k in range(len(spec.input_shapes)))
+        vmath = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
+__kernel void elementwise({sig}) {{
+    int c0 = get_global_id(0) * WPT;
+    for (int w = 0; w < WPT; ++w) {{
+        int c = c0 + w;
+        if (c * VW >= n) return;
+        {vloads}
+        VSTOREV({expr}, c, Y);
+    }}
+}}
+"""
+        out.append(Recipe("elementwise/vector_math", "elementwise", "opencl", vmath, body, args,
+                          TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
+                          {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=2,
+                          description="the fused chain evaluated in vector arithmetic (vector math functions)"))
     return out
 
 

@@ -10,6 +10,7 @@ transposed by a small kernel in the same program, so every recipe reads B as [K,
 from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.elementwise_ops import prelude
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
@@ -36,7 +37,7 @@ def _epilogue(spec: OpSpec, lang: str) -> str:
     qual = "static inline" if lang == "opencl" else "__device__ __forceinline__"
     ptr = "__global const float* restrict bias" if lang == "opencl" else "const float* __restrict__ bias"
     args = f"float v, int n, {ptr}" if spec.bias else "float v, int n"
-    return f"{qual} float epilogue({args}) {{\n    {bias}\n    return {expr};\n}}\n"
+    return f"{prelude(expr, lang)}{qual} float epilogue({args}) {{\n    {bias}\n    return {expr};\n}}\n"
 
 
 def _epi_call(spec: OpSpec, value: str, col: str) -> str:

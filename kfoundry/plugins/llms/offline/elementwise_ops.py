@@ -32,8 +32,33 @@ _MATH = {
 }
 
 
+#: OpenCL helpers that replace slow PoCL library calls (PoCL lowers ``erf`` to a scalar call).
+OPENCL_MATH_PRELUDE = """
+// Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7), odd extension; for float and floatv
+#define KF_ERF_IMPL(T) \\
+static inline T __attribute__((overloadable)) kf_erf(T x) { \\
+    T a = fabs(x); \\
+    T t = 1.0f / (1.0f + 0.3275911f * a); \\
+    T y = 1.0f - (((((1.061405429f * t - 1.453152027f) * t) + 1.421413741f) * t - 0.284496736f) * t \\
+                  + 0.254829592f) * t * exp(-a * a); \\
+    return copysign(y, x); \\
+}
+KF_ERF_IMPL(float)
+#ifdef VW
+KF_ERF_IMPL(floatv)
+#endif
+"""
+
+
+def prelude(expr: str, lang: str) -> str:
+    """Helper definitions an expression needs (empty when none)."""
+    return OPENCL_MATH_PRELUDE if lang == "opencl" and "kf_erf" in expr else ""
+
+
 def fn(name: str, lang: str) -> str:
-    """A math function's name in ``lang`` (``expf`` on CUDA, ``exp`` on OpenCL)."""
+    """A math function's name in ``lang`` (``expf`` on CUDA, ``exp`` on OpenCL, ``kf_erf`` for OpenCL erf)."""
+    if lang == "opencl" and name == "erf":
+        return "kf_erf"
     if lang == "cuda" and name in _MATH:
         return "rsqrtf" if name == "rsqrt" else f"{name}f"
     return name
