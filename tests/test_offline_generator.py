@@ -89,6 +89,13 @@ PROBLEMS = {
         def get_inputs(): return [torch.rand(8, 64), torch.rand(8, 64)]
         def get_init_inputs(): return []
     """,
+    "gelu_chain": """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return F.gelu(a * 8.0 - 4.0) * torch.tanh(b) + torch.exp(-a)
+        def get_inputs(): return [torch.rand(4, 64), torch.rand(4, 64)]
+        def get_init_inputs(): return []
+    """,
     "depthwise_conv2d": """
         class Model(nn.Module):
             def __init__(self):
@@ -111,7 +118,7 @@ PROBLEMS = {
     """,
 }
 
-FAMILY = {"linear": "matmul"}
+FAMILY = {"linear": "matmul", "gelu_chain": "elementwise"}
 
 
 def summary(name: str) -> ProblemSummary:
@@ -187,6 +194,12 @@ def test_every_opencl_recipe_is_correct_on_pocl(name: str) -> None:
 def _request(name: str, **kw) -> GenerationRequest:
     device = DeviceProfile(backend="opencl", name="cpu", max_work_group_size=4096)
     return GenerationRequest(problem=summary(name), language="opencl", device=device, **kw)
+
+
+def test_vector_math_recipe_only_for_ternary_free_chains() -> None:
+    gen = OfflineGenerator()
+    assert "elementwise/vector_math" in [r.name for r in gen.recipes(summary("gelu_chain"), "opencl")]
+    assert "elementwise/vector_math" not in [r.name for r in gen.recipes(summary("elementwise"), "opencl")]
 
 
 def test_recipes_span_the_descriptor_space() -> None:
