@@ -21,6 +21,10 @@ size, argument descriptions and a Python reference function, described in one TO
     kind = "scalar"
     dtype = "int32"
     value = "N"
+    [[args]]                                  # OpenCL __local scratch, bytes
+    name = "scratch"
+    kind = "local"
+    value = "BLOCK * 4"
     [launch]
     grid = ["ceil_div(N, BLOCK)"]
     block = ["BLOCK"]
@@ -44,6 +48,7 @@ from torch import nn
 
 from kfoundry.core.errors import ProblemError
 from kfoundry.core.models import ParamValue, TunableSpace, stable_hash
+from kfoundry.runtime import LocalMemory
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,7 +79,8 @@ class NativeArg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    kind: Literal["input", "output", "scalar"]
+    #: ``local``: work-group local memory of ``value`` bytes (an expression), an OpenCL ``__local`` pointer.
+    kind: Literal["input", "output", "scalar", "local"]
     dtype: str = "float32"
     shape: list[Expr] = Field(default_factory=list)
     #: Scalars: the value (an expression).
@@ -141,7 +147,9 @@ class NativeModel(nn.Module):
         self.grid = tuple(int(evaluate(e, names, "launch.grid")) for e in spec.launch.grid)
         self.block = tuple(int(evaluate(e, names, "launch.block")) for e in spec.launch.block) if spec.launch.block else None
         self.shapes = {a.name: task.shape_of(a) for a in spec.args if a.kind == "output"}
-        self.scalars = {a.name: evaluate(a.value, names, f"args.{a.name}") for a in spec.args if a.kind == "scalar"}
+        self.scalars = {
+            a.name: evaluate(a.value, names, f"args.{a.name}") for a in spec.args if a.kind in ("scalar", "local")
+        }
 
     def forward(self, *inputs: Any) -> Any:
         spec = self.task.spec
@@ -156,6 +164,8 @@ class NativeModel(nn.Module):
                 out = torch.empty(self.shapes[a.name], dtype=_dtype(a.dtype, a.name), device=device)
                 outputs.append(out)
                 args.append(out)
+            elif a.kind == "local":
+                args.append(LocalMemory(int(self.scalars[a.name])))
             else:
                 value = self.scalars[a.name]
                 args.append(int(value) if a.dtype.startswith("int") else float(value))
@@ -197,8 +207,8 @@ class NativeTask:
             raise ProblemError(f"{path}: no argument of kind 'output'")
         for a in spec.args:
             _dtype(a.dtype, f"{path}: args.{a.name}")
-            if a.kind == "scalar" and a.value is None:
-                raise ProblemError(f"{path}: scalar argument {a.name!r} has no value")
+            if a.kind in ("scalar", "local") and a.value is None:
+                raise ProblemError(f"{path}: {a.kind} argument {a.name!r} has no value")
 
     @property
     def space(self) -> TunableSpace:
