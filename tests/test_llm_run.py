@@ -128,6 +128,12 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
     ]
     json.loads((run_dir / "run.json").read_text())  # the live run folder stays intact
 
+    # kf-run llm-calls lists the calls with their spend, and shows one call's prompt and reply
+    listing = subprocess.run([sys.executable, "-c", code, "llm-calls", str(run_dir)], capture_output=True, text=True,
+                             timeout=300, cwd=ROOT, env={**env, "COLUMNS": "160"})
+    assert listing.returncode == 0 and f"{len(calls)} language-model calls" in listing.stdout
+    assert "openai:gpt-e2e" in listing.stdout and "budget" in listing.stdout
+
 
 def test_a_rejected_key_ends_the_run_in_one_line_without_the_key(tmp_path: Path) -> None:
     wrong = "sk-wrong-9f8e7d6c5b4a"

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "kfoundry.core.commands.tune",
     "kfoundry.core.commands.devices",
     "kfoundry.core.commands.replay",
+    "kfoundry.core.commands.llm_calls",
 ]
 
 DEFAULT_COMMAND = "optimize"
