@@ -25,6 +25,7 @@ EXPECTED: dict[str, tuple[Outcome, str]] = {
     "compile_error": (Outcome.compile_error, "expected ';'"),
     "wrong_shape": (Outcome.wrong_shape, "shape [2047], expected [2048]"),
     "input_independent": (Outcome.mismatch, "elements off"),
+    "call_count_cheat": (Outcome.rejected, "wrong after timing"),
 }
 
 
