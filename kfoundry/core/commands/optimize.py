@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kfoundry.core.config import RunConfig, load_config
-from kfoundry.core.errors import ConfigError
+from kfoundry.core.errors import ConfigError, KfError
 from kfoundry.core.loop import (
     STORE_FILE,
     LoopSummary,
@@ -170,10 +170,11 @@ def command(problem: str | None, config_path: str | None, overrides: tuple[str, 
 
 
 def _language(config: RunConfig) -> str:
-    from kfoundry.core.config import build_plugin
+    """The configured backend's kernel language, read from its class (no device is touched)."""
+    from kfoundry.core.plugins import get_plugin
 
     try:
-        backend = build_plugin(config.backend, "backend")
-        return str(backend.language)
-    except Exception:  # noqa: BLE001 - the evaluator reports backend problems properly later
-        return "opencl"
+        factory = get_plugin("backend", config.backend.name).factory
+    except KfError:
+        return "opencl"  # the evaluator reports an unknown backend properly later
+    return str(getattr(factory, "language", "opencl"))
