@@ -34,6 +34,9 @@ class BayesianOptions(BaseModel):
     refit_growth: float = Field(
         default=1.25, gt=1.0, description="refit GP hyperparameters when the observations grow by this factor"
     )
+    min_length_scale: float = Field(
+        default=0.03, gt=0, description="smallest GP length scale (inputs are ordinal indices scaled to [0, 1])"
+    )
     max_candidates: int = Field(default=20000, ge=100, description="configurations scored per ask")
 
 
@@ -53,7 +56,7 @@ class BayesianTuner(Tuner):
 
     def setup(self, space: ParamSpace, rng: np.random.Generator) -> None:
         super().setup(space, rng)
-        self._gp = GaussianProcess(len(space.names))
+        self._gp = GaussianProcess(len(space.names), self.options.min_length_scale)
         self._seen_rows = np.zeros(space.size, dtype=bool)
         if self.options.engine != "gp":
             from kfoundry.plugins.tuners.optuna_engine import OptunaEngine
@@ -89,11 +92,8 @@ class BayesianTuner(Tuner):
     # -- internals ------------------------------------------------------------------------------
 
     def _random_unseen(self) -> Config:
-        keys = self.space.keys
-        while True:
-            key = keys[int(self.rng.integers(len(keys)))]
-            if key not in self._seen:
-                return self.space.config(key)
+        rows = np.flatnonzero(~self._seen_rows)
+        return self.space.config(self.space.keys[int(rows[int(self.rng.integers(len(rows)))])])
 
     def _candidates(self) -> np.ndarray:
         """Rows of the valid configurations to score (all, or a random subset of a huge space)."""

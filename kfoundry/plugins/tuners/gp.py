@@ -25,11 +25,11 @@ def _matern52(r: np.ndarray) -> np.ndarray:
 class GaussianProcess:
     """GP regression with a Matern-5/2 ARD kernel and fitted hyperparameters."""
 
-    def __init__(self, dims: int) -> None:
+    def __init__(self, dims: int, min_length_scale: float = 0.03) -> None:
         self.dims = dims
         # theta = [log length scales..., log signal variance, log noise variance]
         self.theta = np.concatenate([np.full(dims, math.log(0.5)), [0.0, math.log(1e-2)]])
-        self.bounds = [(math.log(0.03), math.log(20.0))] * dims + [
+        self.bounds = [(math.log(min_length_scale), math.log(20.0))] * dims + [
             (math.log(0.05), math.log(20.0)),
             (math.log(1e-6), math.log(0.5)),
         ]
