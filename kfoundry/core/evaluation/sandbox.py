@@ -52,6 +52,8 @@ class ForkServer:
             env = dict(os.environ)
             # Spinning OpenMP threads make torch's reference collapse on a busy or small machine.
             env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            # The children import what this process can import (kfoundry from a checkout, plugins...).
+            env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "kfoundry.core.evaluation.zygote"],
                 env=env,
