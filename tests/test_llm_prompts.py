@@ -188,3 +188,17 @@ def test_prompt_descriptor_names_follow_the_archive_axes() -> None:
 
     assert [name for name, _ in DESCRIPTORS] == list(AXES)
     assert all(len(levels) == LEVELS for _, levels in DESCRIPTORS)
+
+
+def test_stable_prefix_is_shared_by_every_request_of_a_run() -> None:
+    b = PromptBuilder()
+    prompts = [
+        b.generation(req(POCL, "opencl")),
+        b.generation(req(POCL, "opencl", mode="repair", parent=failed_parent())),
+        b.generation(req(POCL, "opencl", mode="improve", parent=slow_parent(), target_cell=(1, 2, 3))),
+    ]
+    prefixes = {p.stable_prefix for p in prompts}
+    assert len(prefixes) == 1 and len(prefixes.pop()) > 3000
+    for p in prompts:
+        rest = p.user[len(p.stable_prefix) :]
+        assert rest.startswith("# Task: ") and "## Answer format" in rest

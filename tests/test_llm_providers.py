@@ -238,3 +238,16 @@ def test_json_of_the_wrong_shape_is_retried(api: str, body: str, server: LLMServ
     [prop] = make(api, server, tmp_path).propose(request())
     assert prop.candidate is not None and len(server.calls(api)) == 2
     assert load_recording(tmp_path / "calls.jsonl")[0].attempts == 2
+
+
+def test_anthropic_marks_the_stable_prefix_for_its_prompt_cache(server: LLMServer, tmp_path: Path) -> None:
+    server.anthropic.push(Reply(fenced(vecadd())), Reply(fenced(vecadd(32))))
+    p = make("anthropic", server, tmp_path)
+    p.propose(request())
+    content = server.calls("anthropic")[0]["body"]["messages"][0]["content"]
+    assert isinstance(content, list) and content[0]["cache_control"] == {"type": "ephemeral"}
+    prompt = p.builder.generation(request())
+    assert content[0]["text"] + content[1]["text"] == prompt.user
+    off = make("anthropic", server, tmp_path, prompt_cache=False)
+    off.propose(request())
+    assert server.calls("anthropic")[1]["body"]["messages"][0]["content"] == prompt.user

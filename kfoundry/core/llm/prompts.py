@@ -50,6 +50,13 @@ class Prompt:
     def text(self) -> str:
         return self.system + "\n\n" + self.user
 
+    @property
+    def stable_prefix(self) -> str:
+        """The part of the user prompt that stays the same across requests of one run (problem, device,
+        runtime, sections): first, so providers' prompt caches can reuse it ("" if there is none)."""
+        cut = self.user.find("\n# Task: ")
+        return self.user[: cut + 1] if cut > 0 else ""
+
 
 def clip(text: Any, limit: int = 4000) -> str:
     """Keep the head and tail of a long text."""

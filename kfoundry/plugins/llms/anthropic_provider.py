@@ -21,6 +21,8 @@ from kfoundry.core.llm.retry import TransientError
 from kfoundry.plugins.llms.openai_provider import error_text, retry_after
 
 _RETRYABLE = {408, 409, 429}
+#: Below about 1024 tokens Anthropic does not cache a prefix.
+_MIN_CACHED_CHARS = 4096
 _FATAL = {401, 403, 404}
 
 
@@ -36,6 +38,9 @@ class AnthropicOptions(ProviderOptions):
     adaptive_thinking: bool = Field(default=False, description="Let the model decide how long to think.")
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
         default=None, description="Effort level (output_config.effort; None: not sent)."
+    )
+    prompt_cache: bool = Field(
+        default=True, description="Mark the stable part of each prompt for Anthropic's prompt cache."
     )
 
 
@@ -66,7 +71,7 @@ class AnthropicProvider(LLMProvider):
         kwargs: dict[str, Any] = {
             "model": self.model,
             "system": prompt.system,
-            "messages": [{"role": "user", "content": prompt.user}],
+            "messages": [{"role": "user", "content": self._content(prompt)}],
             "max_tokens": max_tokens,
             "timeout": opts.timeout,
         }
@@ -96,6 +101,16 @@ class AnthropicProvider(LLMProvider):
         except ValueError as exc:  # a 200 whose body claims JSON but is not
             raise TransientError(f"llm {self.name}: malformed reply (not JSON: {exc})") from None
         return self._read(resp)
+
+    def _content(self, prompt: Prompt) -> str | list[dict[str, Any]]:
+        """The user message; its stable prefix as a cached block when it is long enough to be cached."""
+        prefix = prompt.stable_prefix
+        if not self.options.prompt_cache or len(prefix) < _MIN_CACHED_CHARS:
+            return prompt.user
+        return [
+            {"type": "text", "text": prefix, "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": prompt.user[len(prefix) :]},
+        ]
 
     def _read(self, resp: object) -> Completion:
         if not isinstance(resp, Message):
