@@ -83,7 +83,8 @@ def test_unsupported_problem_is_one_line(kf_problem, tmp_path: Path) -> None:
     proc = subprocess.run(["kf-run", str(path), "--set", f"output_dir={tmp_path}"], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2
-    assert "not a known operation family" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning:")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "not a known operation family" in lines[0]
 
 
 def _evaluated(db_path: Path) -> list[tuple[int, int, str]]:
