@@ -29,13 +29,13 @@ class BayesianOptions(BaseModel):
     engine: Literal["gp", "optuna-gp", "optuna-tpe"] = Field(
         default="gp", description="gp: our GP + EI over the discrete space; optuna-*: optuna's samplers"
     )
-    initial: int = Field(default=8, ge=1, description="random configurations before the model takes over")
+    initial: int = Field(default=5, ge=1, description="random configurations before the model takes over")
     xi: float = Field(default=0.0, ge=0, description="EI exploration margin (standardised log-time units)")
     refit_growth: float = Field(
         default=1.25, gt=1.0, description="refit GP hyperparameters when the observations grow by this factor"
     )
     min_length_scale: float = Field(
-        default=0.03, gt=0, description="smallest GP length scale (inputs are ordinal indices scaled to [0, 1])"
+        default=0.1, gt=0, description="smallest GP length scale (inputs are ordinal indices scaled to [0, 1])"
     )
     max_candidates: int = Field(default=20000, ge=100, description="configurations scored per ask")
 
