@@ -196,10 +196,11 @@ def _request(name: str, **kw) -> GenerationRequest:
     return GenerationRequest(problem=summary(name), language="opencl", device=device, **kw)
 
 
-def test_vector_math_recipe_only_for_ternary_free_chains() -> None:
+def test_activations_are_branch_free_so_chains_run_in_vector_math() -> None:
     gen = OfflineGenerator()
-    assert "elementwise/vector_math" in [r.name for r in gen.recipes(summary("gelu_chain"), "opencl")]
-    assert "elementwise/vector_math" not in [r.name for r in gen.recipes(summary("elementwise"), "opencl")]
+    for name in ("gelu_chain", "elementwise"):
+        assert "elementwise/vector_math" in [r.name for r in gen.recipes(summary(name), "opencl")]
+    assert "?" not in recognize(summary("elementwise")).expr("opencl")
 
 
 def test_recipes_span_the_descriptor_space() -> None:

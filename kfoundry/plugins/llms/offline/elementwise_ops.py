@@ -83,7 +83,8 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
         ),
         "silu": lambda: f"(({a}) / (1.0f + {f('exp')}(-({a}))))",
         "mish": lambda: f"(({a}) * {f('tanh')}({f('log1p')}({f('exp')}({a}))))",
-        "softplus": lambda: f"((({a}) > 20.0f) ? ({a}) : {f('log1p')}({f('exp')}({a})))",
+        # branch-free forms (so a chain can run in vector arithmetic): equal to torch's up to rounding
+        "softplus": lambda: f"({f('fmax')}({a}, 0.0f) + {f('log1p')}({f('exp')}(-{f('fabs')}({a}))))",
         "exp": lambda: f"{f('exp')}({a})",
         "log": lambda: f"{f('log')}({a})",
         "abs": lambda: f"{f('fabs')}({a})",
@@ -96,10 +97,12 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
         "softsign": lambda: f"(({a}) / (1.0f + {f('fabs')}({a})))",
         "hardsigmoid": lambda: f"{f('fmin')}({f('fmax')}(({a}) / 6.0f + 0.5f, 0.0f), 1.0f)",
         "hardswish": lambda: f"(({a}) * {f('fmin')}({f('fmax')}(({a}) + 3.0f, 0.0f), 6.0f) / 6.0f)",
-        "leaky_relu": lambda: f"((({a}) > 0.0f) ? ({a}) : {lit(kw.get('slope', 0.01))} * ({a}))",
-        "elu": lambda: f"((({a}) > 0.0f) ? ({a}) : {lit(kw.get('alpha', 1.0))} * ({f('exp')}({a}) - 1.0f))",
+        "leaky_relu": lambda: f"({f('fmax')}({a}, 0.0f) + {lit(kw.get('slope', 0.01))} * {f('fmin')}({a}, 0.0f))",
+        "elu": lambda: (
+            f"({f('fmax')}({a}, 0.0f) + {lit(kw.get('alpha', 1.0))} * ({f('exp')}({f('fmin')}({a}, 0.0f)) - 1.0f))"
+        ),
         "selu": lambda: (
-            f"(1.0507009873554805f * ((({a}) > 0.0f) ? ({a}) : 1.6732632423543772f * ({f('exp')}({a}) - 1.0f)))"
+            f"(1.0507009873554805f * ({f('fmax')}({a}, 0.0f) + 1.6732632423543772f * ({f('exp')}({f('fmin')}({a}, 0.0f)) - 1.0f)))"
         ),
         "clamp": lambda: (
             f"{f('fmin')}({f('fmax')}({a}, {lit(kw.get('lo', -math.inf))}), {lit(kw.get('hi', math.inf))})"
