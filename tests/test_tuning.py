@@ -63,3 +63,25 @@ def test_failed_evaluations_are_invalid_not_slow() -> None:
             continue
         m = measurement_of(EvalRecord(outcome=outcome, message="boom", **base))
         assert m.value is None and not m.valid and m.invalidity != "correct"
+
+
+@pytest.mark.slow
+def test_kf_run_tune_on_pocl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kfoundry.core.cli import main
+
+    record = tmp_path / "vector_add.json"
+    args = [
+        "tune", str(EXAMPLES / "native" / "vector_add.toml"), str(EXAMPLES / "native" / "vector_add.cl"),
+        "--shape", "N=4096", "--tuner", "nevergrad", "--evaluations", "3", "--restrict", "BLOCK * VEC <= 512",
+        "--params", "BLOCK=64", "--params", "VEC=1", "--record", str(record), "--json",
+        "--set", f"output_dir={json.dumps(str(tmp_path))}", "--set", "evaluation.target_time_s=0.005",
+        "--set", "evaluation.warmup_s=0.0", "--set", "evaluation.rotate_bytes=0", "--set", "evaluation.trials=2",
+    ]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["evaluations"] == 3 and result["trials"][0]["params"] == {"BLOCK": 64, "VEC": 1}
+    assert all(t["params"]["BLOCK"] * t["params"]["VEC"] <= 512 for t in result["trials"])
+    assert result["best_time_ms"] == min(t["time_ms"] for t in result["trials"] if t["time_ms"] is not None)
+    assert len(RecordedSpace.load(record).entries) == 3
