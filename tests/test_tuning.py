@@ -11,7 +11,7 @@ from eval_helpers import EXAMPLES, fast_config
 from kfoundry.core.commands.eval import read_candidate
 from kfoundry.core.config import TunerConfig
 from kfoundry.core.evaluation import Evaluator
-from kfoundry.core.models import EvalRecord, Outcome
+from kfoundry.core.models import EvalRecord, Outcome, TunableSpace
 from kfoundry.core.problem import load_problem
 from kfoundry.core.recorded import RecordedSpace
 from kfoundry.core.store import Store
@@ -72,8 +72,8 @@ def test_kf_run_tune_on_pocl(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     record = tmp_path / "vector_add.json"
     args = [
         "tune", str(EXAMPLES / "native" / "vector_add.toml"), str(EXAMPLES / "native" / "vector_add.cl"),
-        "--shape", "N=4096", "--tuner", "nevergrad", "--evaluations", "3", "--restrict", "BLOCK * VEC <= 512",
-        "--params", "BLOCK=64", "--params", "VEC=1", "--record", str(record), "--json",
+        "--shape", "N=4096", "--tuner", "grid", "--evaluations", "4", "--restrict", "BLOCK * VEC >= 256",
+        "--params", "BLOCK=64", "--params", "VEC=4", "--record", str(record), "--json",
         "--set", f"output_dir={json.dumps(str(tmp_path))}", "--set", "evaluation.target_time_s=0.005",
         "--set", "evaluation.warmup_s=0.0", "--set", "evaluation.rotate_bytes=0", "--set", "evaluation.trials=2",
     ]
@@ -81,7 +81,12 @@ def test_kf_run_tune_on_pocl(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         main(args)
     assert info.value.code == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["evaluations"] == 3 and result["trials"][0]["params"] == {"BLOCK": 64, "VEC": 1}
-    assert all(t["params"]["BLOCK"] * t["params"]["VEC"] <= 512 for t in result["trials"])
+    # the candidate's own values first, then the grid in order, skipping what the restriction forbids
+    order = [(t["params"]["BLOCK"], t["params"]["VEC"]) for t in result["trials"]]
+    assert order == [(64, 4), (128, 2), (128, 4), (256, 1)]
+    from kfoundry.core.tuning import merge_spaces
+
+    merged = merge_spaces(None, TunableSpace(restrictions=["BLOCK * VEC <= 512"]))
+    assert merged is not None and merged.restrictions == ["BLOCK * VEC <= 512"]  # a restriction alone survives
     assert result["best_time_ms"] == min(t["time_ms"] for t in result["trials"] if t["time_ms"] is not None)
-    assert len(RecordedSpace.load(record).entries) == 3
+    assert len(RecordedSpace.load(record).entries) == 4

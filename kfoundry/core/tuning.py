@@ -75,7 +75,7 @@ def merge_spaces(*spaces: TunableSpace | None) -> TunableSpace | None:
         if space is not None:
             params.update(space.params)
             restrictions += [r for r in space.restrictions if r not in restrictions]
-    return TunableSpace(params=params, restrictions=restrictions) if params else None
+    return TunableSpace(params=params, restrictions=restrictions) if params or restrictions else None
 
 
 def candidate_space(
@@ -93,7 +93,7 @@ def candidate_space(
     ``problem_block`` (a native task's launch block) or parameter names decide the work-group shape.
     """
     tunable = merge_spaces(problem_space, candidate.space, extra)
-    if tunable is None:
+    if tunable is None or not tunable.params:
         raise TuningError("the candidate has no template parameters to tune (no space declared)")
     block = candidate.meta.get("block") or problem_block
     return ParamSpace(

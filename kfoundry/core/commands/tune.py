@@ -211,7 +211,7 @@ def _on_device(problem: str, candidate: str, config: Any, extra: TunableSpace | 
     try:
         with Evaluator(prob, config, store=store) as evaluator:
             space = candidate_space(
-                cand, evaluator.device, prob.space, merge_spaces(extra, cli_space if cli_space.params else None),
+                cand, evaluator.device, prob.space, merge_spaces(extra, cli_space),
                 constants=prob.shapes, problem_block=native_block(prob),
             )
             result = tune_candidate(
