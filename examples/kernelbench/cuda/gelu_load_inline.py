@@ -1,7 +1,7 @@
 """Exact (erf) GELU as a KernelBench-style candidate: a C++/CUDA extension built with
 torch.utils.cpp_extension.load_inline (nvcc + ninja), launched on PyTorch's current stream."""
 
-import torch
+import torch  # noqa: F401  (load_inline needs torch imported first)
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
