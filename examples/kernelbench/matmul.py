@@ -1,9 +1,9 @@
 import torch
 import torch.nn as nn
 
-M = 256
-K = 256
-N = 256
+M = 512
+K = 512
+N = 512
 
 
 class Model(nn.Module):
