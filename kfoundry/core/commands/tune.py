@@ -30,8 +30,8 @@ from kfoundry.core.tuning import tuning_result
 EPILOG = """\b
 Examples:
   kf-run tune examples/kernelbench/matmul.py examples/kernelbench/improved/matmul_opencl.py \\
-      --shape M=128 --shape N=128 --shape K=128 --param TS=8,16,32 --param WPT=1,2,4,8 \\
-      --restrict "TS % WPT == 0" --block TS --block "TS // WPT" --evaluations 12
+      --shape M=128 --shape N=128 --shape K=128 --param RB=1,2,4,8 --param VW=4,8 \\
+      --restrict "RB * VW <= 32" --evaluations 6
   kf-run tune --replay benchmarks/spaces/opencl_matmul_pocl.json --tuner nevergrad --evaluations 50
   kf-run tune --replay my_kernel_tuner_cache.json --tuner bayesian --t4 results.json
 """
