@@ -220,19 +220,22 @@ class NativeTask:
     def shape_of(self, arg: NativeArg) -> list[int]:
         return [int(evaluate(e, self.sizes, f"args.{arg.name}.shape")) for e in arg.shape]
 
-    def make_inputs(self, seed: int) -> list[torch.Tensor]:
-        gen = torch.Generator().manual_seed(seed)
+    def make_inputs(self, seed: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
+        """The input arguments drawn with ``seed``, on ``device`` (default: the host)."""
+        device = torch.device(device or "cpu")
+        gen = torch.Generator(device=device).manual_seed(seed)
         out: list[torch.Tensor] = []
         for a in self.spec.args:
             if a.kind != "input":
                 continue
             shape, dtype = self.shape_of(a), _dtype(a.dtype, a.name)
+            kw = {"generator": gen, "dtype": dtype, "device": device}
             if a.init == "randint" or not dtype.is_floating_point:
-                out.append(torch.randint(a.low, a.high, shape, generator=gen, dtype=dtype))
+                out.append(torch.randint(a.low, a.high, shape, **kw))
             elif a.init == "randn":
-                out.append(torch.randn(shape, generator=gen, dtype=dtype))
+                out.append(torch.randn(shape, **kw))
             else:
-                out.append(torch.rand(shape, generator=gen, dtype=dtype))
+                out.append(torch.rand(shape, **kw))
         return out
 
     def make_reference(self) -> nn.Module:

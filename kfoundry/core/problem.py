@@ -10,6 +10,7 @@ must move (``bytes_moved``) and compute (``flops``, torch's FLOP counter on the 
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,15 +92,23 @@ class Problem:
         torch.manual_seed(0)
         return list(fn())
 
-    def make_inputs(self, seed: int) -> list[Any]:
-        """Forward arguments drawn with ``seed`` (fresh random tensors, as the problem defines them)."""
+    def make_inputs(self, seed: int, device: torch.device | str | None = None) -> list[Any]:
+        """Forward arguments drawn with ``seed`` (fresh random tensors, as the problem defines them).
+
+        With ``device``, tensors are drawn there (``get_inputs`` runs under ``torch.device``): a GPU
+        fills a KernelBench Level-1 input in milliseconds where the host takes seconds. The same seed
+        gives different values on different devices (each has its own generator).
+        """
         if self.native is not None:
-            return self.native.make_inputs(seed)
+            return self.native.make_inputs(seed, device)
         torch.manual_seed(seed)
-        inputs = self.module.get_inputs()  # type: ignore[union-attr]
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            inputs = self.module.get_inputs()  # type: ignore[union-attr]
         if not isinstance(inputs, (list, tuple)):
             raise ProblemError(f"{self.path}: get_inputs() must return a list, got {type(inputs).__name__}")
-        return list(inputs)
+        if device is None:
+            return list(inputs)
+        return [v.to(device) if isinstance(v, torch.Tensor) else v for v in inputs]
 
     def make_reference(self, seed: int = 0) -> nn.Module:
         """The reference model, built after seeding the RNG with ``seed`` (KernelBench convention)."""

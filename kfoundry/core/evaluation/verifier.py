@@ -3,6 +3,9 @@
 Checks, in order: output count and type, shape, dtype, elements never written (poison left),
 inputs modified, constant output where the reference varies, NaN/Inf, then values within dtype-aware
 tolerances (fp32/fp64 1e-4 abs and rel unless configured, fp16/bf16 1e-2, integers exact).
+
+Every check runs where the tensors live (a GPU checks a 6 GiB KernelBench output in milliseconds; the
+host would take seconds), and the float64 comparison goes in chunks so its temporaries stay bounded.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ _equal = torch.equal
 _allclose = torch.allclose
 _isnan = torch.isnan
 _isfinite = torch.isfinite
+_isclose = torch.isclose
+
+#: Elements compared in float64 at a time (64 MiB per temporary).
+COMPARE_CHUNK = 1 << 23
 
 
 @dataclass
@@ -68,13 +75,15 @@ def check_trial(
             return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(out.shape)}, expected {list(ref.shape)}")
         if out.dtype != ref.dtype:
             return Verdict(Outcome.mismatch, f"output {i} has dtype {out.dtype}, expected {ref.dtype}")
+        if out.device != ref.device:
+            return Verdict(Outcome.mismatch, f"output {i} is on {out.device}, expected {ref.device}")
     for i, (now, before) in enumerate(zip(inputs, snapshots, strict=True)):
         if isinstance(now, torch.Tensor) and not _equal(now, before) and not _same_with_nan(now, before):
             return Verdict(Outcome.rejected, f"the candidate modified input {i}")
     for i, (out, ref) in enumerate(zip(outputs, references, strict=True)):
         if not isinstance(ref, torch.Tensor):
             continue
-        out, ref = out.detach().cpu(), ref.detach().cpu()
+        out, ref = out.detach(), ref.detach()
         missing = _unwritten(out, ref)
         if missing:
             return Verdict(
@@ -87,18 +96,39 @@ def check_trial(
             if bool(bad.any()):
                 return Verdict(Outcome.mismatch, f"output {i}: {int(bad.sum())} NaN/Inf values where the reference is finite")
         a, r = tolerances(ref.dtype, atol, rtol)
-        if not _allclose(out.double(), ref.double(), atol=a, rtol=r, equal_nan=True):
-            diff = (out.double() - ref.double()).abs()
-            diff = torch.nan_to_num(diff, nan=float("inf"))
-            worst = int(diff.reshape(-1).argmax())
-            n_bad = int((diff > a + r * ref.double().abs()).sum())
+        off = _mismatches(out, ref, a, r)
+        if off is not None:
+            n_bad, worst = off
+            flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
             return Verdict(
                 Outcome.mismatch,
                 f"output {i}: {n_bad} of {out.numel()} elements off (worst at flat index {worst}: "
-                f"got {out.reshape(-1)[worst].item():.6g}, expected {ref.reshape(-1)[worst].item():.6g}; "
+                f"got {flat_out[worst].item():.6g}, expected {flat_ref[worst].item():.6g}; "
                 f"atol={a:g}, rtol={r:g})",
             )
     return None
+
+
+def _mismatches(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[int, int] | None:
+    """(elements outside ``atol + rtol * |ref|``, flat index of the worst), or None when all are close.
+
+    Compared in float64, ``COMPARE_CHUNK`` elements at a time; NaN matches NaN, as in ``allclose``.
+    """
+    flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
+    n_bad, worst, worst_diff = 0, -1, -1.0
+    for start in range(0, flat_out.numel(), COMPARE_CHUNK):
+        o = flat_out[start : start + COMPARE_CHUNK].double()
+        r = flat_ref[start : start + COMPARE_CHUNK].double()
+        bad = ~_isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)
+        count = int(bad.sum())
+        if not count:
+            continue
+        n_bad += count
+        diff = torch.where(bad, torch.nan_to_num((o - r).abs(), nan=float("inf")), -1.0)
+        at = int(diff.argmax())
+        if float(diff[at]) > worst_diff:
+            worst, worst_diff = start + at, float(diff[at])
+    return (n_bad, worst) if n_bad else None
 
 
 def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:

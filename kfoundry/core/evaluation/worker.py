@@ -62,12 +62,6 @@ def _clone(values: list[Any]) -> list[Any]:
     return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def _to_device(values: list[Any], backend: Backend) -> list[Any]:
-    """Tensors moved to the backend's torch device (CUDA kernels take GPU tensors; CPU backends: no-op)."""
-    device = backend.torch_device
-    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
-
-
 def _nbytes(values: list[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
@@ -90,7 +84,7 @@ def _time(
 ) -> tuple[Any, list[list[Any]]]:
     """Timing stats of ``model`` over rotated input sets, and those input sets."""
     ev = job.evaluation
-    base = _to_device(problem.make_inputs(job.seeds[0] if job.seeds else 1), backend)
+    base = problem.make_inputs(job.seeds[0] if job.seeds else 1, backend.torch_device)
     size = max(1, _nbytes(base))
     copies = max(1, min(MAX_ROTATION, -(-ev.rotate_bytes // size)))
     rotation = [base] + [_clone(base) for _ in range(copies - 1)]
@@ -119,7 +113,7 @@ def _verify_after_timing(
     Catches results cached across calls (keyed by tensor address or call count) and kernels that
     behave differently once the correctness trials are over.
     """
-    fresh = _to_device(problem.make_inputs((job.seeds[-1] if job.seeds else 0) + 7919), backend)
+    fresh = problem.make_inputs((job.seeds[-1] if job.seeds else 0) + 7919, backend.torch_device)
     for old, new in zip(inputs, fresh, strict=True):
         if isinstance(old, torch.Tensor):
             old.copy_(new)
@@ -158,10 +152,9 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
     for m in recorder.modules:
         resources.update(m.resources)
     reference = problem.make_reference().to(backend.torch_device)
-    outs_per_trial: list[list[Any]] = []
-    refs_per_trial: list[list[Any]] = []
+    first: tuple[list[Any], list[Any]] | None = None  # trial 0's outputs and references
     for trial, seed in enumerate(job.seeds):
-        inputs = _to_device(problem.make_inputs(seed), backend)
+        inputs = problem.make_inputs(seed, backend.torch_device)
         ref_inputs, snapshots = _clone(inputs), _clone(inputs)
         refs: list[Any] | None = None
         if trial % 2 == 0:  # both orders: the reference runs before the candidate, then after it
@@ -188,15 +181,17 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
         if verdict is not None:
             return JobResult(outcome=verdict.outcome, message=f"trial {trial}: {verdict.message}", log=log,
                              compile_time_s=compile_s, resources=resources)
-        outs_per_trial.append(_clone(outs))
-        refs_per_trial.append(refs)
+        if first is None:
+            first = (_clone(outs), refs)
+            continue
+        # each later trial against the first: one stored copy, however many trials
+        verdict = check_independence([first[0], outs], [first[1], refs])
+        if verdict is not None:
+            return JobResult(outcome=verdict.outcome, message=f"trial {trial}: {verdict.message}", log=log,
+                             compile_time_s=compile_s, resources=resources)
     for m in recorder.modules:  # kernels compiled lazily on the first forward report their resources too
         resources.update(m.resources)
-    verdict = check_independence(outs_per_trial, refs_per_trial)
-    if verdict is not None:
-        return JobResult(outcome=verdict.outcome, message=verdict.message, log=log, compile_time_s=compile_s,
-                         resources=resources)
-    del outs_per_trial, refs_per_trial
+    del first
     guard = ForwardGuard(poison_fresh=False)
     try:
         timing, rotation = _time(model, problem, job, backend, guard)
