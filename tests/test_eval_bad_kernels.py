@@ -26,6 +26,7 @@ EXPECTED: dict[str, tuple[Outcome, str]] = {
     "wrong_shape": (Outcome.wrong_shape, "shape [2047], expected [2048]"),
     "input_independent": (Outcome.mismatch, "elements off"),
     "call_count_cheat": (Outcome.rejected, "wrong after timing"),
+    "thread_cheat": (Outcome.rejected, "trial 0: forward started a thread (Thread-"),
 }
 
 

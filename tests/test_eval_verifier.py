@@ -78,3 +78,21 @@ def test_native_task_inputs_are_drawn_on_the_requested_device() -> None:
     host = problem.make_inputs(2)
     again = problem.make_inputs(2, "cpu")
     assert all(torch.equal(x, y) for x, y in zip(host, again, strict=True))
+
+
+def test_a_job_runs_with_tf32_off_so_fp32_means_fp32() -> None:
+    from kfoundry.core.evaluation.jobs import EvalJob
+    from kfoundry.core.evaluation.worker import execute
+
+    torch.backends.cudnn.allow_tf32 = True  # torch's own default for convolutions
+    torch.set_float32_matmul_precision("high")
+    try:
+        job = EvalJob(kind="reference", problem_path=str(ROOT / "examples/kernelbench/vector_add.py"),
+                      shapes={"N": 256})
+        job.evaluation.warmup_s, job.evaluation.min_repeats, job.evaluation.max_repeats = 0.0, 3, 3
+        assert execute(job).outcome is Outcome.correct
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("highest")

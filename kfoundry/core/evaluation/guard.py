@@ -4,11 +4,15 @@
   however reached: directly, in a try/except, through inheritance or a helper), and
 - poisons freshly allocated tensors (NaN for floats, a sentinel for integers) so that an output
   element the kernel never writes cannot pass, nor can reused memory from the reference's freed
-  output.
+  output, and
+- records every thread the candidate starts: work handed to a thread can finish after the clock
+  stops, so a forward that starts one is rejected.
 """
 
 from __future__ import annotations
 
+import _thread
+import threading
 from typing import Any
 
 import torch
@@ -49,6 +53,32 @@ class ForwardGuard(TorchDispatchMode):
         super().__init__()
         self.poison_fresh = poison_fresh
         self.forbidden: list[str] = []
+        self.threads: list[str] = []
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> ForwardGuard:
+        def record(original: Any) -> Any:
+            def started(function: Any, *args: Any, **kwargs: Any) -> Any:
+                thread = getattr(function, "__self__", None)  # threading.Thread.start passes its _bootstrap
+                self.threads.append(str(getattr(thread, "name", None) or getattr(function, "__name__", "a thread")))
+                return original(function, *args, **kwargs)
+
+            return started
+
+        # threading.Thread.start goes through threading._start_new_thread (3.13: _start_joinable_thread)
+        routes = ((threading, "_start_new_thread"), (threading, "_start_joinable_thread"), (_thread, "start_new_thread"))
+        for owner, name in routes:
+            original = getattr(owner, name, None)
+            if original is not None:
+                self._saved.append((owner, name, original))
+                setattr(owner, name, record(original))
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__

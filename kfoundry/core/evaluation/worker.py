@@ -21,7 +21,7 @@ from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation.guard import ForwardGuard
 from kfoundry.core.evaluation.jobs import EvalJob, JobResult
 from kfoundry.core.evaluation.timer import _clock_ns, measure
-from kfoundry.core.evaluation.verifier import check_independence, check_trial
+from kfoundry.core.evaluation.verifier import Verdict, check_independence, check_trial
 from kfoundry.core.models import Outcome
 from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list, load_problem
 
@@ -107,7 +107,7 @@ def _time(
 
 def _verify_after_timing(
     model: Any, reference: Any, inputs: list[Any], problem: Problem, job: EvalJob, backend: Backend
-) -> Any:
+) -> Verdict | None:
     """Refill a timed input set in place (same memory, fresh values) and check the candidate once more.
 
     Catches results cached across calls (keyed by tensor address or call count) and kernels that
@@ -120,10 +120,17 @@ def _verify_after_timing(
     snapshots = _clone(inputs)
     with torch.no_grad():
         refs = as_tensor_list(reference(*_clone(inputs)))
-        with ForwardGuard(poison_fresh=True):
+        with ForwardGuard(poison_fresh=True) as guard:
             outs = as_tensor_list(model(*inputs))
         backend.synchronize()
+    if guard.threads:
+        return Verdict(Outcome.rejected, _threads_message(guard))
     return check_trial(outs, refs, inputs, snapshots, job.evaluation.atol, job.evaluation.rtol)
+
+
+def _threads_message(guard: ForwardGuard) -> str:
+    names = ", ".join(dict.fromkeys(guard.threads))
+    return f"forward started a thread ({names}): work that can finish after the clock stops is not allowed"
 
 
 def _reference_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult:
@@ -174,6 +181,9 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
         if guard.forbidden:
             return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
                              message=f"forward computes with torch ({', '.join(guard.forbidden)}): compute must run in a kernel")
+        if guard.threads:
+            return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
+                             message=f"trial {trial}: {_threads_message(guard)}")
         if refs is None:
             with torch.no_grad():
                 refs = as_tensor_list(reference(*ref_inputs))
@@ -202,6 +212,9 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
     if guard.forbidden:
         return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
                          message=f"forward computes with torch while timed ({', '.join(guard.forbidden)})")
+    if guard.threads:
+        return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
+                         message=f"while timed: {_threads_message(guard)}")
     if verdict is not None:
         return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
                          message=f"wrong after timing (results cached or behaviour changed): {verdict.message}")
@@ -209,9 +222,19 @@ def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult
                      timing=timing, compile_time_s=compile_s, resources=resources)
 
 
+def _strict_fp32() -> None:
+    """fp32 means fp32: no TF32 in the reference's matmuls or cuDNN convolutions (torch's default for
+    convolutions), so a strictly fp32 kernel is not judged against a lower-precision answer and the
+    eager baseline is not flattered."""
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def execute(job: EvalJob) -> JobResult:
     """Run one job in this process (the sandbox calls this in a fresh child)."""
     start = _clock_ns()
+    _strict_fp32()
     try:
         problem = load_problem(job.problem_path, job.shapes)
         backend = build_backend(job)
