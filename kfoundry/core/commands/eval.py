@@ -16,10 +16,8 @@ from rich.table import Table
 
 from kfoundry.core.config import RunConfig, format_validation_error, load_config, parse_override
 from kfoundry.core.errors import CandidateError, ConfigError
-from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Candidate, EvalRecord, ParamValue, TimingStats
 from kfoundry.core.plugins import get_plugin_manager
-from kfoundry.core.problem import load_problem, parse_shape_overrides
 from kfoundry.core.store import Store
 
 LANGUAGE_BY_SUFFIX = {".cl": "opencl", ".cu": "cuda", ".hip": "hip", ".cpp": "sycl", ".sycl": "sycl"}
@@ -140,6 +138,10 @@ def command(
         sets.append(f"backend.device={json.dumps(device)}")
     if no_cache:
         sets.append("evaluation.cache=false")
+    # imported here, not at module level: they import torch, which `kf-run --help` need not wait for
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem, parse_shape_overrides
+
     config = load_config(config_path, sets, validate_plugins=False)
     _validate_plugins(config)
     shape_values = dict(config.problem.shapes) | parse_shape_overrides(shapes)

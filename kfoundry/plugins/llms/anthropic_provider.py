@@ -6,10 +6,8 @@ environment variable named by ``api_key_env`` (default ``ANTHROPIC_API_KEY``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import anthropic
-from anthropic.types import Message
 from pydantic import Field
 
 from kfoundry import hookimpl
@@ -19,6 +17,9 @@ from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError
 from kfoundry.plugins.llms.openai_provider import error_text, retry_after
+
+if TYPE_CHECKING:  # the SDK is imported where a call is made: importing it takes about a second
+    import anthropic
 
 _RETRYABLE = {408, 409, 429}
 #: Below about 1024 tokens Anthropic does not cache a prefix.
@@ -57,6 +58,8 @@ class AnthropicProvider(LLMProvider):
         self._client: anthropic.Anthropic | None = None
 
     def client(self) -> anthropic.Anthropic:
+        import anthropic
+
         if self._client is None:
             self._client = anthropic.Anthropic(
                 api_key=self.api_key(),
@@ -86,6 +89,8 @@ class AnthropicProvider(LLMProvider):
             kwargs["output_config"] = {"effort": opts.effort}
         if opts.temperature is not None and "thinking" not in kwargs:
             kwargs["extra_body"] = {"temperature": opts.temperature}
+        import anthropic
+
         try:
             resp = self.client().messages.create(**kwargs)
         except anthropic.APIStatusError as exc:
@@ -113,6 +118,8 @@ class AnthropicProvider(LLMProvider):
         ]
 
     def _read(self, resp: object) -> Completion:
+        from anthropic.types import Message
+
         if not isinstance(resp, Message):
             raise TransientError(f"llm {self.name}: malformed reply ({type(resp).__name__}, not a message)")
         content, usage = getattr(resp, "content", None), getattr(resp, "usage", None)

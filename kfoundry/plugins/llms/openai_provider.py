@@ -8,10 +8,8 @@ server's base URL ends in ``/v1``. The key comes from the environment variable n
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import openai
-from openai.types.chat import ChatCompletion
 from pydantic import Field
 
 from kfoundry import hookimpl
@@ -20,6 +18,9 @@ from kfoundry.core.llm.cost import estimate_tokens
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError, parse_retry_after
+
+if TYPE_CHECKING:  # the SDK is imported where a call is made: importing it takes about half a second
+    import openai
 
 _RETRYABLE = {408, 409, 429}
 _FATAL = {401, 403, 404}
@@ -66,6 +67,8 @@ class OpenAIProvider(LLMProvider):
         self._client: openai.OpenAI | None = None
 
     def client(self) -> openai.OpenAI:
+        import openai
+
         if self._client is None:
             self._client = openai.OpenAI(
                 api_key=self.api_key(),
@@ -85,6 +88,8 @@ class OpenAIProvider(LLMProvider):
             kwargs["reasoning_effort"] = opts.reasoning_effort
         if opts.seed is not None:
             kwargs["seed"] = opts.seed
+        import openai
+
         try:
             resp = self.client().chat.completions.create(**kwargs)
         except openai.APIStatusError as exc:
@@ -102,6 +107,8 @@ class OpenAIProvider(LLMProvider):
         return self._read(resp)
 
     def _read(self, resp: object) -> Completion:
+        from openai.types.chat import ChatCompletion
+
         if not isinstance(resp, ChatCompletion):
             raise TransientError(
                 f"llm {self.name}: malformed reply ({type(resp).__name__}, not a chat completion)"

@@ -12,7 +12,6 @@ import contextlib
 import math
 from typing import Any
 
-import nevergrad as ng
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,6 +31,8 @@ class NevergradOptions(BaseModel):
     @field_validator("optimizer")
     @classmethod
     def _known(cls, name: str) -> str:
+        import nevergrad as ng  # here, not at module level: importing it takes about a second
+
         if name not in ng.optimizers.registry:
             raise ValueError(f"unknown nevergrad optimizer {name!r}")
         return name
@@ -48,6 +49,8 @@ class NevergradTuner(Tuner):
         self._worst: float | None = None
 
     def setup(self, space: ParamSpace, rng: np.random.Generator) -> None:
+        import nevergrad as ng
+
         super().setup(space, rng)
         choices: dict[str, Any] = {}
         for name, values in space.params.items():
