@@ -1,4 +1,5 @@
-"""Executor plugins: the local pool keeps job order; Ray is optional and says so when missing."""
+"""Executor plugins: the local pool keeps job order; Ray runs the same sandboxed jobs on a local cluster
+(and says so in one line when it is not installed)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,32 @@ def test_sandbox_server_restarts_after_dying() -> None:
     proc.wait()
     assert sandbox.run_sandboxed(job).outcome is Outcome.correct
     assert sandbox._server._proc is not proc
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'kfoundry[ray]')")
+def test_ray_executor_runs_sandboxed_jobs_on_a_local_cluster() -> None:
+    import ray
+
+    config = fast_config(trials=2, timeout_s=20.0)
+    problem = str(EXAMPLES / "kernelbench" / "vector_add.py")
+    sources = [
+        EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py",
+        BAD / "crash.py",  # kills its sandbox, not the Ray worker
+        BAD / "wrong_result.py",
+        EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py",
+    ]
+    jobs = [
+        EvalJob(problem_path=problem, shapes={"N": 512}, candidate=Candidate(source=p.read_text()),
+                evaluation=config.evaluation, seeds=[1, 2], backend_plugin="opencl")
+        for p in sources
+    ]
+    try:
+        executor = get_plugin("executor", "ray").build({"cpus_per_job": 1})
+        results = executor.run(jobs)
+        executor.close()
+    finally:
+        ray.shutdown()
+    assert [r.outcome for r in results] == [Outcome.correct, Outcome.runtime_error, Outcome.mismatch, Outcome.correct]
+    assert "worker crashed" in results[1].message
+    assert results[0].timing is not None and results[3].timing is not None
