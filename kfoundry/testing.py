@@ -62,7 +62,7 @@ def kf_register_plugin(kf_plugin_manager: PluginManager) -> Iterator[Callable[..
     added: list[str] = []
 
     def register(plugin: Any, name: str | None = None) -> PluginManager:
-        plugin_name = name or getattr(plugin, "__name__", f"test-plugin-{len(added)}")
+        plugin_name: str = name or str(getattr(plugin, "__name__", f"test-plugin-{len(added)}"))
         if not kf_plugin_manager.add_plugin(plugin, plugin_name, package="(test)", version="0"):
             raise RuntimeError(f"plugin {plugin_name} was rejected: {kf_plugin_manager.skipped[-1]}")
         added.append(plugin_name)

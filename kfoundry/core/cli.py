@@ -88,7 +88,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], *args: An
 
 def main(argv: list[str] | None = None) -> Any:
     """Entry point of ``kf-run``."""
-    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+    warnings.formatwarning = _one_line_warning
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:

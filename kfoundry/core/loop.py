@@ -142,7 +142,7 @@ def build_generator(config: RunConfig, store: Store, run_id: str, run_dir: Path,
         return build_plugin(config.llms[0], "llm")
     if len(config.llms) == 1 and config.llms[0].name == "offline":
         return build_plugin(config.llms[0], "llm")
-    return build_ensemble(config, store, run_id=run_id, run_dir=run_dir, language=language)  # type: ignore[arg-type]
+    return build_ensemble(config, store, run_id=run_id, run_dir=run_dir, language=language)
 
 
 def find_seed_kernel(problem_path: Path, language: str) -> Path | None:

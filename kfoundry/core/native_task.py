@@ -65,7 +65,7 @@ def ceil_div(a: int, b: int) -> int:
 _EVAL_GLOBALS: dict[str, Any] = {"__builtins__": {}, "ceil_div": ceil_div, "min": min, "max": max, "math": math}
 
 
-def evaluate(expr: Expr, names: dict[str, Any], what: str) -> Any:
+def evaluate(expr: Expr | None, names: dict[str, Any], what: str) -> Any:
     """Evaluate a size expression over ``names``; errors name the expression."""
     if not isinstance(expr, str):
         return expr
@@ -229,13 +229,12 @@ class NativeTask:
             if a.kind != "input":
                 continue
             shape, dtype = self.shape_of(a), _dtype(a.dtype, a.name)
-            kw = {"generator": gen, "dtype": dtype, "device": device}
             if a.init == "randint" or not dtype.is_floating_point:
-                out.append(torch.randint(a.low, a.high, shape, **kw))
+                out.append(torch.randint(a.low, a.high, shape, generator=gen, dtype=dtype, device=device))
             elif a.init == "randn":
-                out.append(torch.randn(shape, **kw))
+                out.append(torch.randn(shape, generator=gen, dtype=dtype, device=device))
             else:
-                out.append(torch.rand(shape, **kw))
+                out.append(torch.rand(shape, generator=gen, dtype=dtype, device=device))
         return out
 
     def make_reference(self) -> nn.Module:

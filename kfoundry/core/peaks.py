@@ -14,6 +14,7 @@ import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -162,10 +163,10 @@ def _median_time_s(fn: object, repeats: int, sync: object, on_gpu: bool = False)
     return statistics.median(times)
 
 
-def _copy_time_s(device: object, copy_bytes: int, repeats: int, sync: object, on_gpu: bool) -> float:
+def _copy_time_s(device: Any, copy_bytes: int, repeats: int, sync: object, on_gpu: bool) -> float:
     import torch
 
-    src = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).uniform_()  # type: ignore[arg-type]
+    src = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)

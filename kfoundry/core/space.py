@@ -126,7 +126,7 @@ class ParamSpace:
                     self._checks.append((r, expr))
             elif callable(r):
                 fn = r
-                self._checks.append((getattr(fn, "__name__", "restriction"), lambda s, fn=fn: fn(s)))
+                self._checks.append((getattr(fn, "__name__", "restriction"), fn))
             else:
                 raise SpaceError(f"a restriction must be an expression or a callable, got {r!r}")
         self.local_mem_expr = local_mem_expr

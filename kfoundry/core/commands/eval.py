@@ -37,11 +37,11 @@ def read_candidate(path: str | Path, params: dict[str, ParamValue] | None = None
         for lang in ("cuda", "hip", "sycl"):
             if p.stem.endswith(f"_{lang}"):
                 language = lang
-        return Candidate(source=source, kind="kernelbench", language=language, params=params or {}, label=p.name)  # type: ignore[arg-type]
+        return Candidate(source=source, kind="kernelbench", language=language, params=params or {}, label=p.name)
     if p.suffix not in LANGUAGE_BY_SUFFIX:
         raise CandidateError(f"{p}: unknown candidate type (expected .py or one of {', '.join(LANGUAGE_BY_SUFFIX)})")
     return Candidate(
-        source=source, kind="native", language=LANGUAGE_BY_SUFFIX[p.suffix], params=params or {}, label=p.name  # type: ignore[arg-type]
+        source=source, kind="native", language=LANGUAGE_BY_SUFFIX[p.suffix], params=params or {}, label=p.name
     )
 
 

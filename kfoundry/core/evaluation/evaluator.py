@@ -101,7 +101,7 @@ class Evaluator:
 
     def _job(self, kind: str, candidate: Candidate | None = None) -> EvalJob:
         return EvalJob(
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             problem_path=str(self.problem.path.resolve()),
             shapes=dict(self.problem.shapes),
             candidate=candidate,

@@ -72,7 +72,7 @@ class ForwardGuard(TorchDispatchMode):
             if original is not None:
                 self._saved.append((owner, name, original))
                 setattr(owner, name, record(original))
-        return super().__enter__()  # type: ignore[no-any-return]
+        return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         for owner, name, original in reversed(self._saved):

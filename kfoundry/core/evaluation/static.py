@@ -93,7 +93,8 @@ def _patching(tree: ast.AST) -> list[str]:
         for target in targets:
             for sub in ast.walk(target):
                 if isinstance(sub, ast.Attribute) and _dotted(sub).split(".")[0] not in ("self", ""):
-                    reasons.append(f"line {node.lineno}: assignment to {_dotted(sub)} (patching) is not allowed")
+                    line = getattr(node, "lineno", "?")
+                    reasons.append(f"line {line}: assignment to {_dotted(sub)} (patching) is not allowed")
     return reasons
 
 

@@ -5,6 +5,7 @@ distribution-free 95% confidence interval for the median (binomial order statist
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -73,7 +74,7 @@ def measure(
     times: list[float] = []
     for _ in range(repeats):
         if device_timer is not None:
-            times.append(device_timer(lambda j=i: call(j)))
+            times.append(device_timer(functools.partial(call, i)))
             i += 1
             continue
         sync()

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from kfoundry.core.backend import CompileFailed
 from kfoundry.core.errors import BackendUnavailable
@@ -139,7 +139,7 @@ def nvcc_version() -> str | None:
     return f"nvcc {found.group(1)}" if found else "nvcc"
 
 
-def _nvrtc_check(result: object, what: str) -> None:
+def _nvrtc_check(result: Any, what: str) -> None:
     code = result[0] if isinstance(result, tuple) else result
     if int(code) != 0:
         raise CompileFailed(f"NVRTC {what} failed: {code}")

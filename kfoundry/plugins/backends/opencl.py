@@ -35,7 +35,7 @@ from kfoundry.runtime import LocalMemory
 try:
     import pyopencl as cl
 except ImportError:  # pragma: no cover - pyopencl is a core dependency
-    cl = None
+    cl = None  # type: ignore[assignment]
 
 
 class LaunchError(KfError):
@@ -83,7 +83,7 @@ def profile_of(dev: Any, index: int) -> DeviceProfile:
         name=dev.name.strip(),
         index=index,
         vendor=str(_info(dev, "vendor", "")).strip(),
-        device_type=_device_type(dev),  # type: ignore[arg-type]
+        device_type=_device_type(dev),
         driver_version=f"{dev.platform.version.strip()}; driver {_info(dev, 'driver_version', '')}",
         compute_units=_info(dev, "max_compute_units"),
         max_work_group_size=_info(dev, "max_work_group_size"),

@@ -76,8 +76,7 @@ class MapElites(SearchStrategy):
         cells = self.archive.elites(island) or self.archive.elites()
         empty = self.archive.empty_cells(island)
         if not cells:
-            target = rng.choice(empty) if empty else None
-            return SearchAsk(mode="create", target_cell=target, island=island)
+            return SearchAsk(mode="create", target_cell=rng.choice(empty) if empty else None, island=island)
         roll = rng.random()
         if roll < self.opts.exploitation:
             correct = [c for c in cells if c.record.is_correct] or cells

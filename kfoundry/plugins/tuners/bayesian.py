@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from threadpoolctl import threadpool_limits
 
 from kfoundry import hookimpl
+from kfoundry.core.hookspecs import Register
 from kfoundry.core.space import Config, ConfigKey, ParamSpace
 from kfoundry.core.tuner import Tuner
 from kfoundry.plugins.tuners.gp import GaussianProcess, expected_improvement
@@ -123,7 +124,7 @@ class BayesianTuner(Tuner):
 
 
 @hookimpl
-def kf_register_tuners(register):  # type: ignore[no-untyped-def]
+def kf_register_tuners(register: Register) -> None:
     register(
         "bayesian",
         BayesianTuner,

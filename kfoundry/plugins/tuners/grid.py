@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from kfoundry import hookimpl
+from kfoundry.core.hookspecs import Register
 from kfoundry.core.space import Config
 from kfoundry.core.tuner import Tuner
 
@@ -30,5 +31,5 @@ class GridTuner(Tuner):
 
 
 @hookimpl
-def kf_register_tuners(register):  # type: ignore[no-untyped-def]
+def kf_register_tuners(register: Register) -> None:
     register("grid", GridTuner, options=GridOptions, description="exhaustive grid over every valid configuration")

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kfoundry import hookimpl
+from kfoundry.core.hookspecs import Register
 from kfoundry.core.space import Config, ConfigKey, ParamSpace
 from kfoundry.core.tuner import Tuner, TunerError
 
@@ -85,7 +86,7 @@ class NevergradTuner(Tuner):
 
 
 @hookimpl
-def kf_register_tuners(register):  # type: ignore[no-untyped-def]
+def kf_register_tuners(register: Register) -> None:
     register(
         "nevergrad",
         NevergradTuner,

@@ -6,6 +6,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from kfoundry import hookimpl
+from kfoundry.core.hookspecs import Register
 from kfoundry.core.space import Config, ParamSpace
 from kfoundry.core.tuner import Tuner
 
@@ -36,5 +37,5 @@ class RandomTuner(Tuner):
 
 
 @hookimpl
-def kf_register_tuners(register):  # type: ignore[no-untyped-def]
+def kf_register_tuners(register: Register) -> None:
     register("random", RandomTuner, options=RandomOptions, description="uniform random sampling without replacement")

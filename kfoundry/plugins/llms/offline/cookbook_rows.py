@@ -7,7 +7,7 @@ read of the row) → on CUDA, warp-shuffle merges and the warp/block hierarchy.
 
 from __future__ import annotations
 
-from kfoundry.core.models import TunableSpace
+from kfoundry.core.models import ParamValue, TunableSpace
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe, to_cuda
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 from kfoundry.plugins.llms.offline.rowops import RowOp, multipass, row_op
@@ -585,7 +585,7 @@ extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__
 """
     vw = "p['VW']" if language == "opencl" else "4"
     params = {"VW": vws, "BLOCK_X": [1, 4, 16, 64]} if language == "opencl" else {"BLOCK_X": [64, 128, 256, 512]}
-    defaults = {"VW": vws[-1], "BLOCK_X": 4} if language == "opencl" else {"BLOCK_X": 256}
+    defaults: dict[str, ParamValue] = {"VW": vws[-1], "BLOCK_X": 4} if language == "opencl" else {"BLOCK_X": 256}
     return Recipe(
         f"{spec.family}/inner_vector", spec.family, language, kernel,
         _forward(spec, f"(_cdiv({spec.outer} * ({spec.inner} // {vw}), p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),

@@ -86,7 +86,7 @@ class ModelNew(nn.Module):
         values = {k: v for k, v in values.items() if k in self.space.params}
         return Candidate(
             source=self.render(),
-            language=self.language,  # type: ignore[arg-type]
+            language=self.language,
             kind="kernelbench",
             params=values,
             space=self.space,

@@ -192,7 +192,7 @@ def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     if len(anchors) != 1:
         return None
     node = anchors[0]
-    mod = t.gm.get_submodule(node.target) if node.op == "call_module" else None
+    mod = t.gm.get_submodule(str(node.target)) if node.op == "call_module" else None
     is_linear = isinstance(mod, nn.Linear) or (node.op == "call_function" and node.target is F.linear)
     is_mm = node.target in (torch.matmul, torch.mm, operator.matmul) or (
         node.op == "call_method" and node.target in ("matmul", "mm")
@@ -270,9 +270,9 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     )
     if not tail_ok or node.args[0] is not t.placeholders[0]:
         return None
-    target = node.target
-    if node.op == "call_module" and isinstance(t.gm.get_submodule(target), nn.LayerNorm):
-        ln = t.gm.get_submodule(target)
+    target: Any = node.target  # a function, a method name or a module path, by node.op
+    ln = t.gm.get_submodule(target) if node.op == "call_module" else None
+    if isinstance(ln, nn.LayerNorm):
         r = math.prod(ln.normalized_shape)
         return OpSpec(
             family="layer_norm",
@@ -349,7 +349,7 @@ def _rms_norm(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
 def _depthwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     if len(anchors) != 1 or anchors[0].op != "call_module" or t.out is not anchors[0] or len(t.inputs) != 1:
         return None
-    conv = t.gm.get_submodule(anchors[0].target)
+    conv = t.gm.get_submodule(str(anchors[0].target))
     if not isinstance(conv, nn.Conv2d):
         return None
     square = conv.kernel_size[0] == conv.kernel_size[1] and conv.stride[0] == conv.stride[1]

@@ -1,0 +1,28 @@
+"""The standards hold in CI, not only on a developer's machine: ruff-clean everywhere, and mypy-clean
+(every function typed, see ``[tool.mypy]`` in pyproject.toml) across the package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_ruff_finds_nothing() -> None:
+    done = _run("ruff", "check", ".")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_mypy_finds_nothing_in_the_package() -> None:
+    done = _run("mypy")
+    assert done.returncode == 0 and "Success" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
