@@ -17,10 +17,9 @@ import ctypes
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from kfoundry import hookimpl
@@ -31,6 +30,9 @@ from kfoundry.core.models import DeviceProfile, ParamValue
 from kfoundry.core.peaks import with_peaks
 from kfoundry.core.plugins import NoOptions
 from kfoundry.runtime import LocalMemory
+
+if TYPE_CHECKING:  # torch is imported where a launch needs it: `kf-run plugins` need not wait a second for it
+    import torch
 
 try:
     import pyopencl as cl
@@ -298,6 +300,8 @@ class OpenCLBackend(Backend):
             global_size = tuple(gi * bi for gi, bi in zip(g, b, strict=True))
         else:
             global_size = g
+        import torch
+
         zero_copy = self._zero_copy()
         cl_args: list[Any] = []
         copies: list[tuple[Any, Any]] = []

@@ -13,8 +13,6 @@ import math
 import random
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from kfoundry.core.descriptors import DescriptorExtractor, get_extractor
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported, ProblemSummary
 from kfoundry.core.models import Candidate, ParamValue, Proposal, stable_hash
@@ -24,6 +22,7 @@ from kfoundry.plugins.llms.offline import (
     cookbook_matmul,
     cookbook_rows,
 )
+from kfoundry.plugins.llms.offline.options import OfflineOptions
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec, recognize
 
@@ -38,16 +37,6 @@ _COOKBOOKS = {
     "depthwise_conv2d": cookbook_conv_rotary,
     "rotary": cookbook_conv_rotary,
 }
-
-
-class OfflineOptions(BaseModel):
-    """Options of the ``offline`` generator."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    step_probability: float = Field(default=0.35, ge=0, le=1, description="chance an improvement changes recipe")
-    mutations: int = Field(default=2, ge=1, description="most parameters changed by one improvement")
-    max_tries: int = Field(default=40, ge=1, description="attempts to find an unseen, valid proposal")
 
 
 def valid(params: dict[str, ParamValue], restrictions: list[str], device: Any = None) -> bool:
