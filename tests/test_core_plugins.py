@@ -193,3 +193,17 @@ def test_every_bundled_entry_point_loads() -> None:
     assert {"opencl", "offline", "map_elites", "bayesian", "local"} <= set(manager.infos)
     assert "opencl" in manager.registry("backend")
 
+
+
+def test_loading_every_bundled_plugin_imports_no_heavy_library() -> None:
+    """Every kf-run command loads every plugin: torch and the LLM/optimiser SDKs wait until used."""
+    code = (
+        "import sys, json\n"
+        "from kfoundry.core.plugins import get_plugin_manager\n"
+        "pm = get_plugin_manager()\n"
+        "heavy = ['torch', 'openai', 'anthropic', 'nevergrad', 'optuna', 'ray']\n"
+        "print(json.dumps({'loaded': [m for m in heavy if m in sys.modules], 'skipped': len(pm.skipped)}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"loaded": [], "skipped": 0}
