@@ -78,7 +78,7 @@ class PatternDescriptors(DescriptorExtractor):
 
 
 _PY_STRINGS = re.compile(r'r?"""(.*?)"""|r?\'\'\'(.*?)\'\'\'', re.DOTALL)
-_KERNEL_MARKERS = ("__kernel", "__global__", "__device__", "kernel void")
+_KERNEL_MARKERS = ("__kernel", "__global__", "__device__", "kernel void", "SYCL_EXT_ONEAPI_FUNCTION_PROPERTY", "sycl/sycl.hpp")
 
 
 def kernel_text(source: str) -> str:

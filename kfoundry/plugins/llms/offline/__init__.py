@@ -1,7 +1,7 @@
-"""The offline generator plugin (no language model) and the OpenCL/CUDA behaviour descriptors.
+"""The offline generator plugin (no language model) and the OpenCL/CUDA/SYCL behaviour descriptors.
 
 Registers the ``offline`` generator (``kf_register_llms``) and the static descriptor extractors
-for the ``opencl`` and ``cuda`` languages (``kf_register_descriptors``).
+for the ``opencl``, ``cuda`` and ``sycl`` languages (``kf_register_descriptors``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from kfoundry.core.descriptors import cuda_descriptors, opencl_descriptors
 from kfoundry.core.hookspecs import Register
 from kfoundry.core.plugins import NoOptions
 from kfoundry.plugins.llms.offline.options import OfflineOptions
+from kfoundry.plugins.llms.offline.sycl_descriptors import sycl_descriptors
 
 if TYPE_CHECKING:
     from kfoundry.plugins.llms.offline.generator import OfflineGenerator
@@ -47,3 +48,5 @@ def kf_register_descriptors(register: Register) -> None:
              description="static OpenCL C behaviour descriptors (memory, compute, parallelism)")
     register("cuda", lambda _opts: cuda_descriptors(), options=NoOptions,
              description="static CUDA behaviour descriptors (memory, compute, parallelism)")
+    register("sycl", lambda _opts: sycl_descriptors(), options=NoOptions,
+             description="static SYCL behaviour descriptors (memory, compute, parallelism)")

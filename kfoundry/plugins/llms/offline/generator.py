@@ -23,7 +23,7 @@ from kfoundry.plugins.llms.offline import (
     cookbook_rows,
 )
 from kfoundry.plugins.llms.offline.options import OfflineOptions
-from kfoundry.plugins.llms.offline.recipe import Recipe
+from kfoundry.plugins.llms.offline.recipe import Recipe, sycl_recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec, recognize
 
 _COOKBOOKS = {
@@ -49,7 +49,7 @@ def valid(params: dict[str, ParamValue], restrictions: list[str], device: Any = 
 
 
 class OfflineGenerator(Generator):
-    """Cookbook proposals for recognised operation families, in OpenCL and CUDA."""
+    """Cookbook proposals for recognised operation families, in OpenCL and CUDA (and SYCL, translated from OpenCL)."""
 
     name = "offline"
 
@@ -71,10 +71,16 @@ class OfflineGenerator(Generator):
         """Every recipe for ``problem`` in ``language`` (GeneratorUnsupported if none)."""
         key = (stable_hash(problem.reference_source, problem.shapes), language)
         if key not in self._recipes:
-            if language not in ("opencl", "cuda"):
+            if language not in ("opencl", "cuda", "sycl"):
                 raise GeneratorUnsupported(f"offline generator: no cookbook for language {language!r}")
             spec = self.spec(problem)
-            usable = [_with_valid_defaults(r) for r in _COOKBOOKS[spec.family].recipes(spec, language)]
+            if language == "sycl":  # the OpenCL recipes, translated (split rows: barrier-bound on CPU devices)
+                found = [sycl_recipe(r) for r in _COOKBOOKS[spec.family].recipes(spec, "opencl")
+                         if not r.name.endswith("/split_rows")]
+                cookbook = [r for r in found if r is not None]
+            else:
+                cookbook = _COOKBOOKS[spec.family].recipes(spec, language)
+            usable = [_with_valid_defaults(r) for r in cookbook]
             self._recipes[key] = [r for r in usable if r is not None]
             if not self._recipes[key]:
                 raise GeneratorUnsupported(f"offline generator: no recipe fits problem {problem.name!r} at these shapes")
