@@ -1,5 +1,6 @@
-"""The worked example every OpenCL prompt teaches really runs: it is judged correct by the real
-evaluation pipeline (PoCL), with the harness's PARAMS taking effect."""
+"""The worked example the OpenCL and SYCL prompts teach really runs: it is judged correct by the real
+evaluation pipeline (PoCL; the SYCL backend on Intel's OpenCL CPU device), with the harness's PARAMS
+taking effect. The CUDA example compiles for Hopper."""
 
 from __future__ import annotations
 
@@ -80,3 +81,26 @@ def test_cuda_prompt_example_kernel_compiles_for_hopper() -> None:
     assert source is not None
     module = backend.load(source.group(1), defines=extract_params(example))
     assert module.kernel_names == ["scale_add"] and module.resources["scale_add"]["spill_stores"] == 0
+
+
+@pytest.mark.slow
+def test_sycl_prompt_example_is_a_correct_candidate(tmp_path: Path) -> None:
+    from kfoundry.core.plugins import get_plugin
+
+    caps = get_plugin("backend", "sycl").build({}).capabilities()
+    if not caps.can_run:
+        pytest.skip(caps.reason)
+    request = GenerationRequest(
+        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="sycl",
+        device=DeviceProfile(backend="sycl", name="Intel OpenCL CPU", device_type="cpu"),
+    )
+    [example] = [b for _, b in code_blocks(PromptBuilder().generation(request).user) if "class ModelNew" in b]
+    (tmp_path / "scale_add.py").write_text(SCALE_ADD)
+    (tmp_path / "candidate_sycl.py").write_text(example)
+    code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = ["eval", str(tmp_path / "scale_add.py"), str(tmp_path / "candidate_sycl.py"), "--backend", "sycl",
+            "--set", f"output_dir={tmp_path}", "--set", "evaluation.trials=2", "--set", "evaluation.target_time_s=0.02",
+            "--params", "BLOCK=128"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "correct" in done.stdout
