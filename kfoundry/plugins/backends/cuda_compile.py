@@ -21,6 +21,7 @@ from kfoundry.core.backend import CompileFailed
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.models import ParamValue
 from kfoundry.plugins.backends.cuda_headers import HEADERS, PRELUDE_NAME
+from kfoundry.plugins.backends.toolchain import first_error, run_compiler
 
 Compiler = Literal["auto", "nvrtc", "nvcc"]
 
@@ -168,7 +169,7 @@ def compile_nvrtc(source: str, arch: str, options: list[str]) -> CompileResult:
             nvrtc.nvrtcGetProgramLog(prog, buf)
             log = buf.rstrip(b"\x00 ").decode(errors="replace")
         if int(status) != 0:
-            raise CompileFailed(_first_error(log) or f"NVRTC compile failed: {status}", log=log)
+            raise CompileFailed(first_error(log) or f"NVRTC compile failed: {status}", log=log)
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _nvrtc_check(err, "get cubin size")
         cubin = bytes(bytearray(size))
@@ -191,23 +192,9 @@ def compile_nvcc(source: str, arch: str, options: list[str], timeout_s: float = 
         out = Path(tmp) / "candidate.cubin"
         src.write_text(source)
         cmd = [nvcc, "-cubin", target, "-std=c++17", "-Xptxas", "-v", *options, "-o", str(out), str(src)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise CompileFailed(f"nvcc did not finish within {timeout_s:.0f} s") from None
-        log = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 0 or not out.is_file():
-            raise CompileFailed(_first_error(log) or f"nvcc exited with {proc.returncode}", log=log)
-        cubin = out.read_bytes()
+        cubin, log = run_compiler("nvcc", cmd, out, timeout_s)
     elapsed = time.perf_counter() - started
     return CompileResult(cubin, arch, "nvcc", log, elapsed, parse_ptxas_report(log))
-
-
-def _first_error(log: str) -> str:
-    for line in log.splitlines():
-        if "error" in line.lower():
-            return line.strip()
-    return ""
 
 
 def compile_cuda(

@@ -25,11 +25,12 @@ from typing import Any
 from pydantic import Field
 
 from kfoundry import hookimpl
-from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, CompileFailed, KernelModule
+from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, KernelModule
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.hookspecs import Register
 from kfoundry.core.models import DeviceProfile, ParamValue
 from kfoundry.plugins.backends.cuda_compile import define_flags, kernel_short_name
+from kfoundry.plugins.backends.toolchain import run_compiler
 
 NO_DEVICE = "compile-only: no AMD GPU (ROCm) device is present"
 NO_HIPCC = "hip: hipcc not found (Debian: apt-get install hipcc)"
@@ -196,16 +197,7 @@ def compile_hip(
         out = Path(tmp) / "candidate.co"
         src.write_text(source)
         cmd = [hipcc, *BASE_FLAGS, f"--offload-arch={arch}", *flags, "-o", str(out), str(src)]
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout_s, env=hip_env(), cwd=tmp
-            )
-        except subprocess.TimeoutExpired:
-            raise CompileFailed(f"hipcc did not finish within {timeout_s:.0f} s") from None
-        log = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 0 or not out.is_file():
-            raise CompileFailed(_first_error(log) or f"hipcc exited with {proc.returncode}", log=log)
-        code_object = out.read_bytes()
+        code_object, log = run_compiler("hipcc", cmd, out, timeout_s, env=hip_env(), cwd=tmp)
         elapsed = time.perf_counter() - started
         resources = merge_reports(read_metadata(out), parse_remarks(log))
     return HipCompileResult(code_object, arch, log, elapsed, resources)
@@ -310,13 +302,6 @@ def _llvm_major(path: str) -> int:
 
 def _number(text: str) -> int | str:
     return int(text) if text.isdigit() else text
-
-
-def _first_error(log: str) -> str:
-    for line in log.splitlines():
-        if "error" in line.lower():
-            return line.strip()
-    return ""
 
 
 @functools.lru_cache(maxsize=4)
