@@ -301,3 +301,22 @@ def test_evaluator_judges_a_sycl_candidate(sycl_entry_point: None, tmp_path: Pat
     assert good.compile_time_s is not None and good.resources
     assert tuned.outcome is Outcome.correct, tuned.message
     assert bad.outcome is Outcome.mismatch, bad.message
+
+
+def test_the_naive_softmax_seed_is_correct(sycl_entry_point: None, tmp_path: Path) -> None:
+    """The seed the optimize loop measures its SYCL speedups against ("x faster than the naive seed")."""
+    problem = load_problem(EXAMPLES / "kernelbench" / "softmax.py", {"batch_size": 16, "dim": 512})
+    config = load_config(
+        data={
+            "backend": {"name": "sycl"},
+            "output_dir": str(tmp_path),
+            "evaluation": {"target_time_s": 0.005, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 10,
+                           "rotate_bytes": 0, "cache": False},
+        },
+        validate_plugins=False,
+    )
+    seed = EXAMPLES / "kernelbench" / "seeds" / "softmax_sycl.py"
+    with Evaluator(problem, config) as evaluator:
+        record = evaluator.evaluate(Candidate(source=seed.read_text(), language="sycl", label=seed.name))
+    assert record.outcome is Outcome.correct, f"{record.message}\n{record.log}"
+    assert record.timing is not None and record.timing.median_ms > 0
