@@ -25,8 +25,9 @@ SMALL_SHAPES: dict[str, dict[str, int]] = {
 }
 
 
-def fast_config(tmp: Path | None = None, **evaluation: Any) -> RunConfig:
-    """A config whose timing phase takes milliseconds (correctness checks stay complete)."""
+def fast_config(tmp: Path | None = None, backend: str | None = None, **evaluation: Any) -> RunConfig:
+    """A config whose timing phase takes milliseconds (correctness checks stay complete); ``backend``
+    names the backend plugin (default: the config's, OpenCL)."""
     ev = {
         "target_time_s": 0.005,
         "warmup_s": 0.0,
@@ -39,4 +40,6 @@ def fast_config(tmp: Path | None = None, **evaluation: Any) -> RunConfig:
     data: dict[str, Any] = {"evaluation": ev}
     if tmp is not None:
         data["output_dir"] = str(tmp)
+    if backend is not None:
+        data["backend"] = {"name": backend}
     return load_config(data=data, validate_plugins=False)

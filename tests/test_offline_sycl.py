@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from eval_helpers import EXAMPLES, SMALL_SHAPES
+from eval_helpers import EXAMPLES, SMALL_SHAPES, fast_config
 
-from kfoundry.core.config import load_config
 from kfoundry.core.descriptors import get_extractor
 from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.generator import ProblemSummary
@@ -99,17 +98,7 @@ def sycl_ready() -> Iterator[None]:
 @pytest.mark.parametrize("stem", ["softmax", "vector_add"])
 def test_every_sycl_recipe_is_judged_correct(sycl_ready: None, stem: str, tmp_path: Path) -> None:
     problem = load_problem(KB / f"{stem}.py", SMALL_SHAPES[stem])
-    config = load_config(
-        data={
-            "backend": {"name": "sycl"},
-            "output_dir": str(tmp_path),
-            "evaluation": {
-                "target_time_s": 0.005, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 10,
-                "rotate_bytes": 0, "timeout_s": 120.0, "cache": False,
-            },
-        },
-        validate_plugins=False,
-    )  # fmt: skip
+    config = fast_config(tmp_path, backend="sycl", max_repeats=10, timeout_s=120.0, cache=False)
     recipes = OfflineGenerator().recipes(_summary(stem), "sycl")
     assert len(recipes) >= 2
     with Evaluator(problem, config) as evaluator:

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from eval_helpers import EXAMPLES
+from eval_helpers import EXAMPLES, fast_config
 
 from kfoundry.core.backend import CompileFailed
-from kfoundry.core.config import load_config
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Candidate, Outcome
@@ -275,17 +274,7 @@ def sycl_entry_point() -> Iterator[None]:
 
 def test_evaluator_judges_a_sycl_candidate(sycl_entry_point: None, tmp_path: Path) -> None:
     problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 4096})
-    config = load_config(
-        data={
-            "backend": {"name": "sycl"},
-            "output_dir": str(tmp_path),
-            "evaluation": {
-                "target_time_s": 0.005, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 20,
-                "rotate_bytes": 0, "timeout_s": 120.0, "cache": False,
-            },
-        },
-        validate_plugins=False,
-    )  # fmt: skip
+    config = fast_config(tmp_path, backend="sycl", timeout_s=120.0, cache=False)
     seed = EXAMPLES / "kernelbench" / "seeds" / "vector_add_sycl.py"
     broken = seed.read_text().replace("a[i] + b[i]", "a[i] - b[i]")
     with Evaluator(problem, config) as evaluator:
@@ -306,15 +295,7 @@ def test_evaluator_judges_a_sycl_candidate(sycl_entry_point: None, tmp_path: Pat
 def test_the_naive_softmax_seed_is_correct(sycl_entry_point: None, tmp_path: Path) -> None:
     """The seed the optimize loop measures its SYCL speedups against ("x faster than the naive seed")."""
     problem = load_problem(EXAMPLES / "kernelbench" / "softmax.py", {"batch_size": 16, "dim": 512})
-    config = load_config(
-        data={
-            "backend": {"name": "sycl"},
-            "output_dir": str(tmp_path),
-            "evaluation": {"target_time_s": 0.005, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 10,
-                           "rotate_bytes": 0, "cache": False},
-        },
-        validate_plugins=False,
-    )
+    config = fast_config(tmp_path, backend="sycl", max_repeats=10, cache=False)
     seed = EXAMPLES / "kernelbench" / "seeds" / "softmax_sycl.py"
     with Evaluator(problem, config) as evaluator:
         record = evaluator.evaluate(Candidate(source=seed.read_text(), language="sycl", label=seed.name))
