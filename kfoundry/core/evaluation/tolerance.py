@@ -1,0 +1,385 @@
+"""Correctness of one output against a float64 ground truth, calibrated by the reference's own error.
+
+Where the float64 reference ``ref64`` exists, the native-dtype reference's error ``e_ref = |ref - ref64|``
+says how accurate an honest computation in that dtype can be. The candidate's error ``e_out = |out -
+ref64|`` must stay within two bounds:
+
+- **per element** (outliers): ``e_out[i] <= ELEMENT_RATIO * s[i]``, where ``s[i]`` is the RMS of
+  ``e_ref`` over elements of the same binade of ``|ref64|`` (pooled upward to ``MIN_POOL`` elements, made
+  non-decreasing in magnitude), floored at 1 ulp of ``|ref64[i]|``; and never below ``FLOOR_ULPS`` ulps of
+  ``rms(ref64)`` (outputs near zero after cancellation) or the dtype's smallest normal number (flushed
+  subnormals);
+- **RMS** (systematic precision loss): ``rms(e_out) <= max(RMS_RATIO * rms(e_ref), RMS_ULPS * eps *
+  rms(ref64))``.
+
+Dropped mantissa bits, TF32/bf16 inputs and approximations fail; an honest reordering of a sum passes
+(a sequential fp32 sum of 16384 terms has an RMS error of ~14 ulps, the bound is 64). Everything runs
+where the tensors live, ``COMPARE_CHUNK`` elements at a time, so temporaries stay bounded whatever the
+output size. Explicit ``atol``/``rtol`` replace the calibrated bounds; integers and bools compare exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from kfoundry.core.evaluation.verifier import Verdict, tolerances
+from kfoundry.core.models import Outcome
+from kfoundry.core.problem import as_tensor_list
+
+# Bound at import, before any candidate code runs in the worker.
+_isnan = torch.isnan
+_isinf = torch.isinf
+_isfinite = torch.isfinite
+_equal = torch.equal
+
+#: Elements compared in float64 at a time (64 MiB per temporary).
+COMPARE_CHUNK = 1 << 23
+#: Per-element bound, in units of the reference's own error scale at that magnitude.
+ELEMENT_RATIO = 256.0
+#: Per-element absolute floor, in ulps (``eps``) of ``rms(ref64)``.
+FLOOR_ULPS = 16.0
+#: RMS bound, in units of the reference's own RMS error...
+RMS_RATIO = 8.0
+#: ...and never below this many ulps of ``rms(ref64)``.
+RMS_ULPS = 64.0
+#: Fewest elements behind one magnitude bin's error estimate.
+MIN_POOL = 64
+
+_NBINS = 2048  # magnitude bins: float64's biased exponents
+_TRASH = 2047  # the bin of elements left out (the reference is not finite there)
+
+
+def float64_reference(model: nn.Module, inputs: list[Any]) -> list[Any] | None:
+    """The reference's outputs computed in float64, or None when that fails or gives no floating output.
+
+    A deep copy of ``model`` is cast with ``.double()`` (floating parameters and buffers) and run on copies
+    of the inputs with floating tensors cast to float64; ``model`` and ``inputs`` are left untouched.
+    """
+    try:
+        model64 = copy.deepcopy(model).double()
+        args = [_to_float64(x) for x in inputs]
+        with torch.no_grad():
+            outputs = as_tensor_list(model64(*args))
+    except Exception:
+        return None
+    if not any(isinstance(o, torch.Tensor) and o.dtype.is_floating_point for o in outputs):
+        return None
+    return outputs
+
+
+def _to_float64(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64, copy=True) if x.dtype.is_floating_point else x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_float64(v) for v in x)
+    return x
+
+
+def compare_output(
+    index: int,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    ref64: torch.Tensor | None,
+    atol: float | None,
+    rtol: float | None,
+) -> Verdict | None:
+    """A mismatch verdict for output ``index``, or None when ``out`` is correct.
+
+    ``out`` and ``ref`` have the same shape, dtype and device. ``ref64`` (float64, same shape) enables
+    the calibrated criterion (module docstring); configured ``atol``/``rtol`` are used instead when given.
+    """
+    out, ref = out.detach(), ref.detach()
+    if not ref.dtype.is_floating_point:
+        return _exact(index, out, ref)
+    verdict = _nonfinite(index, out, ref)
+    if verdict is not None:
+        return verdict
+    truth = None
+    if isinstance(ref64, torch.Tensor) and ref64.dtype == torch.float64 and ref64.shape == ref.shape:
+        truth = ref64.detach()
+    if atol is not None or rtol is not None or truth is None:
+        a, r = tolerances(ref.dtype, atol, rtol)
+        return _explicit(index, out, ref, truth, a, r)
+    return _calibrated_verdict(index, out, ref, truth)
+
+
+def _chunks(*tensors: torch.Tensor) -> Any:
+    """(start, flat float64 chunks on the first tensor's device) over equally sized tensors.
+
+    The first two chunks are fresh copies (callers work on them in place); the third may be a view.
+    """
+    device = tensors[0].device
+    flats = [t.reshape(-1) for t in tensors]
+    for start in range(0, flats[0].numel(), COMPARE_CHUNK):
+        yield start, [
+            f[start : start + COMPARE_CHUNK].to(device=device, dtype=torch.float64, copy=k < 2)
+            for k, f in enumerate(flats)
+        ]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _exact(index: int, out: torch.Tensor, ref: torch.Tensor) -> Verdict | None:
+    if _equal(out, ref):
+        return None
+    flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
+    n_bad, first = 0, -1
+    for start in range(0, flat_ref.numel(), COMPARE_CHUNK):
+        bad = flat_out[start : start + COMPARE_CHUNK] != flat_ref[start : start + COMPARE_CHUNK]
+        count = int(bad.sum())
+        if count and first < 0:
+            first = start + int(bad.nonzero()[0, 0])
+        n_bad += count
+    return Verdict(
+        Outcome.mismatch,
+        f"output {index}: {n_bad} of {ref.numel()} elements differ (first at flat index {first}: "
+        f"got {flat_out[first].item()}, expected {flat_ref[first].item()}; {ref.dtype} compares exactly)",
+    )
+
+
+def _nonfinite(index: int, out: torch.Tensor, ref: torch.Tensor) -> Verdict | None:
+    """NaN exactly where the reference is NaN, and the same infinity exactly where it is infinite."""
+    flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
+    kinds = (
+        "NaN/inf values where the reference is finite",
+        "finite values where the reference is NaN",
+        "values where the reference is infinite that are not the same infinity",
+    )
+    counts, firsts = [0, 0, 0], [-1, -1, -1]
+    for start in range(0, flat_ref.numel(), COMPARE_CHUNK):
+        o, r = flat_out[start : start + COMPARE_CHUNK], flat_ref[start : start + COMPARE_CHUNK]
+        if bool(_isfinite(o).all()) and bool(_isfinite(r).all()):
+            continue
+        o_nan, r_nan, r_inf = _isnan(o), _isnan(r), _isinf(r)
+        masks = (~_isfinite(o) & _isfinite(r), r_nan & ~o_nan, r_inf & (o != r))
+        for k, mask in enumerate(masks):
+            count = int(mask.sum())
+            if count and firsts[k] < 0:
+                firsts[k] = start + int(mask.nonzero()[0, 0])
+            counts[k] += count
+    for k, kind in enumerate(kinds):
+        if counts[k]:
+            at = firsts[k]
+            return Verdict(
+                Outcome.mismatch,
+                f"output {index}: {counts[k]} {kind} (first at flat index {at}: "
+                f"got {_fmt(flat_out[at].item())}, expected {_fmt(flat_ref[at].item())})",
+            )
+    return None
+
+
+def _explicit(
+    index: int, out: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | None, atol: float, rtol: float
+) -> Verdict | None:
+    """``|out - truth| <= atol + rtol * |truth|`` at every finite element.
+
+    The truth is ``ref64`` where given (plus the reference's own error there, so the reference itself
+    always passes), else ``ref`` (as ``torch.isclose``).
+    """
+    n_bad, worst, worst_err = 0, -1, -1.0
+    tensors = (out, ref) if ref64 is None else (out, ref, ref64)
+    for start, chunk in _chunks(*tensors):
+        o, r = chunk[0], chunk[1]
+        fin = _isfinite(r)
+        if ref64 is None:
+            t, slack = r, torch.zeros((), dtype=torch.float64, device=r.device)
+        else:
+            t64 = chunk[2]
+            good = _isfinite(t64)
+            t = torch.where(good, t64, r)
+            slack = torch.where(good & fin, (r - t64).abs(), 0.0)
+        err = torch.where(fin, (o - t).abs(), 0.0)
+        bad = err > atol + rtol * t.abs() + slack
+        del chunk, o, r, t, slack
+        count = int(bad.sum())
+        if not count:
+            continue
+        n_bad += count
+        at = int(torch.where(bad, err, -1.0).argmax())
+        if float(err[at]) > worst_err:
+            worst, worst_err = start + at, float(err[at])
+    if not n_bad:
+        return None
+    against = "float64 reference" if ref64 is not None else f"{_dtype(ref)} reference"
+    expected = (ref64 if ref64 is not None else ref).reshape(-1)[worst].item()
+    return Verdict(
+        Outcome.mismatch,
+        f"output {index}: {n_bad} of {out.numel()} elements off the {against} (worst at flat index {worst}: "
+        f"got {_fmt(out.reshape(-1)[worst].item())}, expected {_fmt(expected)}; atol={atol:g}, rtol={rtol:g})",
+    )
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+@dataclass
+class Assessment:
+    """The calibrated criterion's numbers for one output (``compare_output`` turns them into a verdict)."""
+
+    element_ratio: float  # max over elements of e_out / per-element bound (> 1 fails)
+    element_index: int  # flat index of that element
+    element_scale: float  # the reference's error scale at that element
+    element_error: float
+    rms_error: float  # rms(e_out)
+    rms_ref_error: float  # rms(e_ref)
+    rms_bound: float
+    rms_worst_index: int  # flat index of the largest e_out
+
+    @property
+    def rms_ratio(self) -> float:
+        """rms(e_out) / the RMS bound (> 1 fails)."""
+        return self.rms_error / self.rms_bound if self.rms_bound > 0 else (math.inf if self.rms_error else 0.0)
+
+    @property
+    def worst(self) -> float:
+        """The larger of the two ratios: how far the output is from failing (< 1) or past it."""
+        return max(self.element_ratio, self.rms_ratio)
+
+
+def assess(out: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor) -> Assessment:
+    """Both calibrated bounds for a floating ``out`` (non-finite values already matched to ``ref``).
+
+    Two passes over ``COMPARE_CHUNK``-element chunks (statistics, then the per-element bound), in place
+    on each chunk's float64 copies: about 300 MiB of temporaries at most.
+    """
+    info = torch.finfo(ref.dtype)
+    eps, tiny = float(info.eps), float(info.tiny)
+    device = ref.device
+    counts = torch.zeros(_NBINS, dtype=torch.float64, device=device)
+    sq_ref = torch.zeros(_NBINS, dtype=torch.float64, device=device)
+    sum_t2 = sum_o2 = 0.0
+    n = 0
+    max_err, max_at = -1.0, 0
+    for start, (o, r, t64) in _chunks(out, ref, ref64):
+        t, bins, fin = _truth(r, t64)
+        e_ref = r.sub_(t).abs_()
+        e_out = o.sub_(t).abs_()
+        if fin is not None:
+            e_ref.masked_fill_(~fin, 0.0)
+            e_out.masked_fill_(~fin, 0.0)
+            n += int(fin.sum())
+            sum_t2 += float(torch.linalg.vector_norm(torch.where(fin, t, 0.0))) ** 2
+        else:
+            n += t.numel()
+            sum_t2 += float(torch.linalg.vector_norm(t)) ** 2
+        counts += torch.bincount(bins, minlength=_NBINS).to(torch.float64)
+        sq_ref += torch.bincount(bins, weights=e_ref.square_(), minlength=_NBINS)
+        sum_o2 += float(torch.linalg.vector_norm(e_out)) ** 2
+        at = int(e_out.argmax())
+        if float(e_out[at]) > max_err:
+            max_err, max_at = float(e_out[at]), start + at
+        del o, r, t64, t, bins, fin, e_ref, e_out  # before the next chunk is converted
+    n = max(n, 1)
+    counts[_TRASH] = 0.0
+    sq_ref[_TRASH] = 0.0
+    rms_t = math.sqrt(sum_t2 / n)
+    rms_ref = math.sqrt(float(sq_ref.sum()) / n)
+    env = _envelope(counts.cpu(), sq_ref.cpu()).to(device)
+    floor = max(FLOOR_ULPS * eps * rms_t, tiny)
+    worst_ratio, worst_at, worst_scale, worst_err = 0.0, 0, 0.0, 0.0
+    for start, (o, r, t64) in _chunks(out, ref, ref64):
+        t, bins, fin = _truth(r, t64)
+        e_out = o.sub_(t).abs_()
+        if fin is not None:
+            e_out.masked_fill_(~fin, 0.0)
+        scale = env[bins]
+        torch.maximum(scale, r.copy_(t).abs_().mul_(eps), out=scale)
+        ratio = e_out.div_(scale.mul_(ELEMENT_RATIO).clamp_(min=floor))
+        at = int(ratio.argmax())
+        if float(ratio[at]) > worst_ratio:
+            worst_ratio, worst_at = float(ratio[at]), start + at
+            worst_scale = max(float(env[bins[at]]), eps * abs(float(t[at])))
+            worst_err = abs(float(out.reshape(-1)[start + at]) - float(t[at]))
+        del o, r, t64, t, bins, fin, e_out, scale, ratio
+    return Assessment(
+        element_ratio=worst_ratio,
+        element_index=worst_at,
+        element_scale=worst_scale,
+        element_error=worst_err,
+        rms_error=math.sqrt(sum_o2 / n),
+        rms_ref_error=rms_ref,
+        rms_bound=max(RMS_RATIO * rms_ref, RMS_ULPS * eps * rms_t, tiny),
+        rms_worst_index=max_at,
+    )
+
+
+def _truth(r: torch.Tensor, t64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(truth, magnitude bin, finite mask or None when all finite) for one chunk.
+
+    The truth is ref64, or ref where ref64 is not finite. The bin is the biased binary exponent of the
+    truth (zeros and subnormals share bin 0); elements where ref is not finite go to the ``_TRASH`` bin.
+    Finiteness is read off the exponent bits: ``torch.isfinite`` would allocate several temporaries.
+    """
+    bins = _exponents(t64)
+    good = bins != _TRASH
+    t = t64
+    if not bool(good.all()):
+        t = torch.where(good, t64, r)
+        bins = _exponents(t)
+    del good
+    fin = _exponents(r) != _TRASH
+    if bool(fin.all()):
+        return t, bins, None
+    bins.masked_fill_(~fin, _TRASH)
+    return t, bins, fin
+
+
+def _exponents(x: torch.Tensor) -> torch.Tensor:
+    """The biased binary exponents (int32) of a contiguous 1-D float64 tensor; 2047 for NaN and inf."""
+    words = x.view(torch.int32)
+    high = words[1::2] if sys.byteorder == "little" else words[0::2]
+    return torch.bitwise_right_shift(high, 20).bitwise_and_(0x7FF)
+
+
+def _envelope(counts: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+    """Per-bin RMS reference error, each bin pooled upward to ``MIN_POOL`` elements, non-decreasing."""
+    total = float(counts.sum())
+    if total == 0:
+        return torch.zeros_like(counts)
+    need = min(float(MIN_POOL), total)
+    pc = torch.cat([torch.zeros(1, dtype=torch.float64), counts.cumsum(0)])
+    pq = torch.cat([torch.zeros(1, dtype=torch.float64), sq.cumsum(0)])
+    end = torch.searchsorted(pc[1:], pc[:-1] + need - 0.5).clamp(max=counts.numel() - 1)
+    pooled_n = pc[end + 1] - pc[:-1]
+    rms = torch.where(pooled_n > 0, ((pq[end + 1] - pq[:-1]) / pooled_n.clamp(min=1)).sqrt(), 0.0)
+    rms = torch.where(counts > 0, rms, 0.0)
+    return torch.cummax(rms, 0).values
+
+
+def _calibrated_verdict(index: int, out: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor) -> Verdict | None:
+    a = assess(out, ref, ref64)
+    flat_out, flat64 = out.reshape(-1), ref64.reshape(-1)
+    name = f"{_dtype(ref)} reference"
+    if a.element_ratio > 1:
+        at = a.element_index
+        own = f"{a.element_error / a.element_scale:.3g}x" if a.element_scale > 0 else "above"
+        return Verdict(
+            Outcome.mismatch,
+            f"output {index}: error {a.element_error:.3g} is {own} the {name}'s own error against float64 "
+            f"(limit {ELEMENT_RATIO:g}x; worst at flat index {at}: got {_fmt(flat_out[at].item())}, "
+            f"expected {_fmt(flat64[at].item())})",
+        )
+    if a.rms_ratio > 1:
+        at = a.rms_worst_index
+        own = (
+            f"{a.rms_error / a.rms_ref_error:.3g}x the {name}'s own RMS error against float64"
+            if a.rms_ref_error > 0
+            else f"above the {name}'s (exact) RMS error against float64"
+        )
+        return Verdict(
+            Outcome.mismatch,
+            f"output {index}: RMS error {a.rms_error:.3g} is {own} (limit {a.rms_bound:.3g}: "
+            f"{RMS_RATIO:g}x, at least {RMS_ULPS:g} ulps of the output's RMS; worst at flat index {at}: "
+            f"got {_fmt(flat_out[at].item())}, expected {_fmt(flat64[at].item())})",
+        )
+    return None
