@@ -1,5 +1,5 @@
 """problem=vector_add shape N=1048576 expect=mismatch|correct max_speedup=1.5
-Counts the interpreter stack depth (dataclasses.sys._getframe until ValueError): calls deeper than the first (the timing loop) skip the kernel."""
+Counts the interpreter stack depth (dataclasses.sys._getframe until ValueError): calls two or more frames deeper than the first (the timing loop) skip the kernel."""
 import dataclasses
 
 import torch
@@ -36,7 +36,7 @@ class ModelNew(nn.Module):
         if self.first is None:
             self.first = depth
         c = torch.empty_like(a)
-        if depth <= self.first:
+        if depth <= self.first + 1:  # a trial, or one frame deeper: a re-check
             n = a.numel()
             self.k.add(a, b, c, n, grid=(cdiv(n, 256),), block=(256,))
         return c

