@@ -6,7 +6,8 @@ from kfoundry.runtime import cdiv, load
 SRC = r"""
 __kernel void gelu(__global const float* x, __global float* y, const int n) {
     int i = get_global_id(0);
-    if (i < n) { float v = x[i]; y[i] = 0.5f * v * (1.0f + erf(v * 0.70710678118654752f)); }
+    // + (v - v): NaN at +-inf, as torch's vectorised CPU GELU returns there
+    if (i < n) { float v = x[i]; y[i] = 0.5f * v * (1.0f + erf(v * 0.70710678118654752f)) + (v - v); }
 }
 """
 

@@ -13,28 +13,31 @@ from kfoundry.core.models import TunableSpace
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe, to_cuda
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
-
-def _conv_defines(spec: OpSpec) -> str:
-    d = spec.dims
-    return "\n".join(f"#define D_{k.upper()} {v}" for k, v in d.items()) + "\n"
+#: The filter geometry is compiled in (D_KS, D_STRIDE, D_PAD, read from the module in __init__); the
+#: sizes (D_N, D_C, D_H, D_W, D_OH, D_OW) are kernel arguments read from the input in forward.
+_CONV_DEFINES = ('{"D_KS": self.m0.kernel_size[0], "D_STRIDE": self.m0.stride[0], '
+                 '"D_PAD": self.m0.padding[0]}')
+_CONV_SIZES = "int D_N, int D_C, int D_H, int D_W, int D_OH, int D_OW"
 
 
 def _conv_forward(spec: OpSpec, grid: str, block: str) -> str:
-    d = spec.dims
     bias = "self.m0.bias, " if spec.bias else ""
     return f"""
-        y = torch.empty(({d['N']}, {d['C']}, {d['OH']}, {d['OW']}), dtype=x.dtype, device=x.device)
-        self.prog.dwconv(x, self.m0.weight, {bias}y, grid={grid}, block={block})
+        N, C, H, W = x.shape
+        ks, st, pad = self.m0.kernel_size[0], self.m0.stride[0], self.m0.padding[0]
+        OH, OW = (H + 2 * pad - ks) // st + 1, (W + 2 * pad - ks) // st + 1
+        y = torch.empty((N, C, OH, OW), dtype=x.dtype, device=x.device)
+        self.prog.dwconv(x, self.m0.weight, {bias}y, N, C, H, W, OH, OW, grid={grid}, block={block})
         return y
     """
 
 
 def conv_recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    d = spec.dims
     bias_arg = "__global const float* restrict bias, " if spec.bias else ""
     bias_add = " + bias[c]" if spec.bias else ""
-    sig = f"__global const float* restrict X, __global const float* restrict Wt, {bias_arg}__global float* restrict Y"
-    pre = _conv_defines(spec)
+    sig = (f"__global const float* restrict X, __global const float* restrict Wt, {bias_arg}"
+           f"__global float* restrict Y, {_CONV_SIZES}")
+    pre = ""
     naive = f"""{pre}
 __kernel void dwconv({sig}) {{
     int ow = get_global_id(0), oh = get_global_id(1), nc = get_global_id(2);
@@ -101,49 +104,57 @@ __kernel void dwconv({sig}) {{
     Y[((long)nc * D_OH + oh) * D_OW + ow] = acc{bias_add};
 }}
 """
-    nc = d["N"] * d["C"]
+    nc = "N * C"
     conv = (lambda s: s) if language == "opencl" else to_cuda
     blocks = [1, 2, 4, 8, 16, 32] if language == "opencl" else [8, 16, 32, 64]
     out = [
         Recipe("depthwise_conv2d/naive", "depthwise_conv2d", language, conv(naive),
-               _conv_forward(spec, f"(_cdiv({d['OW']}, p['BLOCK_X']), _cdiv({d['OH']}, p['BLOCK_Y']), {nc})",
+               _conv_forward(spec, f"(_cdiv(OW, p['BLOCK_X']), _cdiv(OH, p['BLOCK_Y']), {nc})",
                              "(p['BLOCK_X'], p['BLOCK_Y'], 1)"), ["x"],
                TunableSpace(params={"BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
                             restrictions=["BLOCK_X * BLOCK_Y <= 1024"]),
                {"BLOCK_X": 16 if language == "opencl" else 32, "BLOCK_Y": 4}, rank=0, modules=spec.modules,
-               description="one output per work-item"),
+               init_defines=_CONV_DEFINES, description="one output per work-item"),
         Recipe("depthwise_conv2d/register_strip", "depthwise_conv2d", language, conv(strip),
-               _conv_forward(spec, f"(_cdiv(_cdiv({d['OW']}, p['OWT']), p['BLOCK_X']), _cdiv({d['OH']}, p['BLOCK_Y']), {nc})",
+               _conv_forward(spec, f"(_cdiv(_cdiv(OW, p['OWT']), p['BLOCK_X']), _cdiv(OH, p['BLOCK_Y']), {nc})",
                              "(p['BLOCK_X'], p['BLOCK_Y'], 1)"), ["x"],
                TunableSpace(params={"OWT": [2, 4, 8, 16], "BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
                             restrictions=["BLOCK_X * BLOCK_Y <= 1024"]),
                {"OWT": 8, "BLOCK_X": 4 if language == "opencl" else 32, "BLOCK_Y": 4}, rank=1, modules=spec.modules,
-               description="a strip of OWT outputs per work-item, the filter in registers"),
+               init_defines=_CONV_DEFINES, description="a strip of OWT outputs per work-item, the filter in registers"),
         Recipe("depthwise_conv2d/local_tile", "depthwise_conv2d", language, conv(tile),
-               _conv_forward(spec, f"(_cdiv({d['OW']}, p['TILE_X']), _cdiv({d['OH']}, p['TILE_Y']), {nc})",
+               _conv_forward(spec, f"(_cdiv(OW, p['TILE_X']), _cdiv(OH, p['TILE_Y']), {nc})",
                              "(p['TILE_X'], p['TILE_Y'], 1)"), ["x"],
                TunableSpace(params={"TILE_X": [8, 16, 32], "TILE_Y": [2, 4, 8, 16]},
                             restrictions=["TILE_X * TILE_Y <= 1024"]),
                {"TILE_X": 16 if language == "opencl" else 32, "TILE_Y": 8}, rank=2, modules=spec.modules,
-               description="a work-group tile with its input patch and halo in local memory"),
+               init_defines=_CONV_DEFINES, description="a work-group tile with its input patch and halo in local memory"),
     ]
     return out
 
 
-def _rot_forward(spec: OpSpec, grid: str, block: str) -> str:
+def _rot_forward(spec: OpSpec, grid: str, block: str, fallback: tuple[str, str] | None = None) -> str:
+    """``forward``: x viewed as [outer, S, inner, 2 * half] (S on the axis cos/sin index), sizes from x.
+    ``fallback`` (kernel, grid): run instead where half % 4 or 16-byte alignment rules out float4."""
+    a = spec.dims["axis"]
+    call = f"self.prog.rotary(x, cos, sin, y, outer, S, inner, half, grid={grid}, block={block})"
+    if fallback is not None:
+        call = (f"if half % 4 == 0 and _aligned(x, cos, sin, y):\n    {call}\nelse:\n"
+                f"    self.prog.{fallback[0]}(x, cos, sin, y, outer, S, inner, half, grid={fallback[1]}, block={block})")
     return f"""
-        y = torch.empty({spec.output_shape!r}, dtype=x.dtype, device=x.device)
-        self.prog.rotary(x, cos, sin, y, grid={grid}, block={block})
-        return y
-    """
+outer, S, inner, half = _prod(x.shape[:{a}]), x.shape[{a}], _prod(x.shape[{a + 1}:-1]), x.shape[-1] // 2
+pairs = outer * S * inner * half
+y = torch.empty_like(x)
+{call}
+return y
+"""
 
 
 def rotary_recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    d = spec.dims
-    pre = "\n".join(f"#define R_{k.upper()} {v}" for k, v in d.items()) + "\n"
+    pre = ""
     sig = ("__global const float* restrict X, __global const float* restrict COS, "
-           "__global const float* restrict SIN, __global float* restrict Y")
-    pairs = d["outer"] * d["S"] * d["inner"] * d["half"]
+           "__global const float* restrict SIN, __global float* restrict Y, int R_OUTER, int R_S, int R_INNER, "
+           "int R_HALF")
     naive = f"""{pre}
 __kernel void rotary({sig}) {{
     int g = get_global_id(0);
@@ -176,24 +187,33 @@ __kernel void rotary({sig}) {{
     blocks = [16, 64, 256] if language == "opencl" else [64, 128, 256, 512]
     out = [
         Recipe("rotary/naive", "rotary", language, conv(naive),
-               _rot_forward(spec, f"(_cdiv({pairs}, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+               _rot_forward(spec, "(_cdiv(pairs, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
                ["x", "cos", "sin"], TunableSpace(params={"BLOCK_X": blocks}), {"BLOCK_X": blocks[1]}, rank=0,
                description="one rotated pair per work-item"),
         Recipe("rotary/heads_loop", "rotary", language, conv(heads),
-               _rot_forward(spec, f"(_cdiv({pairs // d['inner']}, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+               _rot_forward(spec, "(_cdiv(outer * S * half, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
                ["x", "cos", "sin"], TunableSpace(params={"BLOCK_X": blocks}), {"BLOCK_X": blocks[1]}, rank=1,
                description="cos/sin loaded once per (position, column), reused across heads, FMA"),
     ]
-    vws = [v for v in (2, 4, 8) if d["half"] % v == 0]
+    vws = [2, 4, 8]  # a row's last half % VW columns: scalar
     if language == "opencl" and vws:
         vec = f"""{OPENCL_VECTOR_HELPERS}{pre}
 __kernel void rotary({sig}) {{
     int g = get_global_id(0);
-    if (g >= R_OUTER * R_S * R_INNER * (R_HALF / VW)) return;
-    int jv = g % (R_HALF / VW), rest = g / (R_HALF / VW);
+    int groups = (R_HALF + VW - 1) / VW;
+    if (g >= R_OUTER * R_S * R_INNER * groups) return;
+    int jv = g % groups, rest = g / groups;
     int s = (rest / R_INNER) % R_S;
     __global const float* xr = X + (long)rest * (2 * R_HALF);
     __global float* yr = Y + (long)rest * (2 * R_HALF);
+    if (jv * VW + VW > R_HALF) {{
+        for (int j = jv * VW; j < R_HALF; ++j) {{
+            float x1 = xr[j], x2 = xr[j + R_HALF], c = COS[s * R_HALF + j], sn = SIN[s * R_HALF + j];
+            yr[j] = x1 * c - x2 * sn;
+            yr[j + R_HALF] = x2 * c + x1 * sn;
+        }}
+        return;
+    }}
     floatv x1 = VLOADV(jv, xr), x2 = VLOADV(jv, xr + R_HALF);
     floatv c = VLOADV(jv, COS + s * R_HALF), sn = VLOADV(jv, SIN + s * R_HALF);
     VSTOREV(x1 * c - x2 * sn, jv, yr);
@@ -202,14 +222,17 @@ __kernel void rotary({sig}) {{
 """
         out.append(Recipe(
             "rotary/vector", "rotary", language, vec,
-            _rot_forward(spec, f"(_cdiv({pairs} // p['VW'], p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+            _rot_forward(spec, "(_cdiv(outer * S * inner * _cdiv(half, p['VW']), p['BLOCK_X']), 1, 1)",
+                         "(p['BLOCK_X'], 1, 1)"),
             ["x", "cos", "sin"], TunableSpace(params={"VW": vws, "BLOCK_X": [1, 4, 16, 64]}),
             {"VW": vws[-1], "BLOCK_X": 16}, rank=2, description="vector loads of both halves and of cos/sin",
         ))
-    if language == "cuda" and d["half"] % 4 == 0:
-        vec = f"""{pre}
+    if language == "cuda":  # float4 where half % 4 == 0 and every tensor is 16-byte aligned, else rotary_scalar
+        scalar = conv(naive).replace("void rotary(", "void rotary_scalar(")
+        vec = f"""{scalar}
 extern "C" __global__ void rotary(const float* __restrict__ X, const float* __restrict__ COS,
-                                  const float* __restrict__ SIN, float* __restrict__ Y) {{
+                                  const float* __restrict__ SIN, float* __restrict__ Y, int R_OUTER, int R_S,
+                                  int R_INNER, int R_HALF) {{
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= R_OUTER * R_S * R_INNER * (R_HALF / 4)) return;
     int jv = g % (R_HALF / 4), rest = g / (R_HALF / 4);
@@ -227,7 +250,8 @@ extern "C" __global__ void rotary(const float* __restrict__ X, const float* __re
 """
         out.append(Recipe(
             "rotary/vector", "rotary", language, vec,
-            _rot_forward(spec, f"(_cdiv({pairs} // 4, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+            _rot_forward(spec, "(_cdiv(pairs // 4, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)",
+                         fallback=("rotary_scalar", "(_cdiv(pairs, p['BLOCK_X']), 1, 1)")),
             ["x", "cos", "sin"], TunableSpace(params={"BLOCK_X": blocks}), {"BLOCK_X": 256}, rank=2,
             description="float4 loads of both halves and of cos/sin",
         ))

@@ -21,11 +21,12 @@ def _sig(spec: OpSpec, lang: str) -> str:
     return f"{ins}, float* __restrict__ Y, int n"
 
 
-def _forward(spec: OpSpec, grid: str, block: str) -> tuple[str, list[str]]:
+def _forward(spec: OpSpec, grid: str, block: str, extra: str = "") -> tuple[str, list[str]]:
     args = [f"x{k}" for k in range(len(spec.input_shapes))]
     body = f"""
-        y = torch.empty({list(spec.output_shape)!r}, dtype=x0.dtype, device=x0.device)
-        self.prog.elementwise({", ".join(args)}, y, {spec.numel}, grid={grid}, block={block})
+        n = x0.numel()
+        y = torch.empty_like(x0)
+        self.prog.elementwise({", ".join(args)}, y, n{extra}, grid={grid}, block={block})
         return y
     """
     return body, args
@@ -39,7 +40,6 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     assert spec.expr is not None
     expr = spec.expr("opencl")
     sig = _sig(spec, "opencl")
-    n = spec.numel
     out: list[Recipe] = []
     naive = f"""{prelude(expr, "opencl")}
 __kernel void elementwise({sig}) {{
@@ -49,13 +49,14 @@ __kernel void elementwise({sig}) {{
     Y[i] = {expr};
 }}
 """
-    body, args = _forward(spec, "(_cdiv(n_, p['BLOCK_X']), 1, 1)".replace("n_", str(n)), "(p['BLOCK_X'], 1, 1)")
+    body, args = _forward(spec, "(_cdiv(n, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
     out.append(Recipe("elementwise/naive", "elementwise", "opencl", naive, body, args,
                       TunableSpace(params={"BLOCK_X": [16, 64, 256]}), {"BLOCK_X": 64}, rank=0,
                       description="one element per work-item"))
-    vws = [v for v in (4, 8) if n % v == 0]
-    if not vws:
-        return out
+    # full vectors where VW elements remain, the last n % VW elements scalar (vloadn needs only float alignment)
+    vws = [4, 8]
+    sloads = _loads(spec, "e")
+    stail = f"for (int e = c * VW; e < n; ++e) {{ {sloads} Y[e] = {expr}; }}"
     vl = " ".join(f"float s{k}[VW]; VSTOREV(VLOADV(c, in{k}), 0, s{k});" for k in range(len(spec.input_shapes)))
     comp = " ".join(f"float v{k} = s{k}[u];" for k in range(len(spec.input_shapes)))
     vec = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
@@ -65,6 +66,7 @@ __kernel void elementwise({sig}) {{
     for (int w = 0; w < WPT; ++w) {{
         int c = c0 + w;
         if (c * VW >= n) return;
+        if (c * VW + VW > n) {{ {stail} return; }}
         {vl}
         float r[VW];
         #pragma unroll
@@ -73,28 +75,29 @@ __kernel void elementwise({sig}) {{
     }}
 }}
 """
-    body, args = _forward(spec, f"(_cdiv({n} // p['VW'], p['BLOCK_X'] * p['WPT']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
+    body, args = _forward(spec, "(_cdiv(_cdiv(n, p['VW']), p['BLOCK_X'] * p['WPT']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
     out.append(Recipe("elementwise/vector", "elementwise", "opencl", vec, body, args,
                       TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
                       {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=1,
                       description="vector loads and stores, WPT vectors per work-item"))
-    if "?" not in expr:  # the whole chain in vector arithmetic (vector exp/erf/tanh...)
-        vloads = " ".join(f"floatv v{k} = VLOADV(c, in{k});" for k in range(len(spec.input_shapes)))
-        vmath = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
+    # the whole chain in vector arithmetic (vector exp/erf/tanh...; ?: selects per lane, not on SYCL)
+    vloads = " ".join(f"floatv v{k} = VLOADV(c, in{k});" for k in range(len(spec.input_shapes)))
+    vmath = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
 __kernel void elementwise({sig}) {{
     int c0 = get_global_id(0) * WPT;
     for (int w = 0; w < WPT; ++w) {{
         int c = c0 + w;
         if (c * VW >= n) return;
+        if (c * VW + VW > n) {{ {stail} return; }}
         {vloads}
         VSTOREV({expr}, c, Y);
     }}
 }}
 """
-        out.append(Recipe("elementwise/vector_math", "elementwise", "opencl", vmath, body, args,
-                          TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
-                          {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=2,
-                          description="the fused chain evaluated in vector arithmetic (vector math functions)"))
+    out.append(Recipe("elementwise/vector_math", "elementwise", "opencl", vmath, body, args,
+                      TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
+                      {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=2, sycl_ok="?" not in expr,
+                      description="the fused chain evaluated in vector arithmetic (vector math functions)"))
     return out
 
 
@@ -102,7 +105,6 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     assert spec.expr is not None
     expr = spec.expr("cuda")
     sig = _sig(spec, "cuda")
-    n = spec.numel
     out: list[Recipe] = []
     naive = f"""
 extern "C" __global__ void elementwise({sig}) {{
@@ -112,12 +114,10 @@ extern "C" __global__ void elementwise({sig}) {{
     Y[i] = {expr};
 }}
 """
-    body, args = _forward(spec, f"(_cdiv({n}, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
+    body, args = _forward(spec, "(_cdiv(n, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
     out.append(Recipe("elementwise/naive", "elementwise", "cuda", naive, body, args,
                       TunableSpace(params={"BLOCK_X": [64, 128, 256, 512, 1024]}), {"BLOCK_X": 256}, rank=0,
                       description="one element per thread"))
-    if n % 4:
-        return out
     nin = len(spec.input_shapes)
     loads = " ".join(f"float4 q{k} = __ldg(reinterpret_cast<const float4*>(in{k}) + c);" for k in range(nin))
 
@@ -126,19 +126,23 @@ extern "C" __global__ void elementwise({sig}) {{
         return f"{{ {vs} r.{comp} = {expr}; }}"
 
     vec = f"""
-extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}) {{
-    // grid-stride loop over float4 vectors: every thread moves 16-byte loads and stores
-    const int nv = n / 4;
-    for (int c = blockIdx.x * BLOCK_X + threadIdx.x; c < nv; c += gridDim.x * BLOCK_X) {{
+extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec4) {{
+    // grid-stride loop over float4 vectors: every thread moves 16-byte loads and stores; vec4 (every
+    // pointer 16-byte aligned, decided in forward) or else one float at a time; the n % 4 tail scalar
+    const int stride = gridDim.x * BLOCK_X, t0 = blockIdx.x * BLOCK_X + threadIdx.x;
+    const int nv = vec4 ? n / 4 : 0;
+    for (int c = t0; c < nv; c += stride) {{
         {loads}
         float4 r;
         {lane("x")} {lane("y")} {lane("z")} {lane("w")}
         reinterpret_cast<float4*>(Y)[c] = r;
     }}
+    for (int i = nv * 4 + t0; i < n; i += stride) {{ {_loads(spec, "i")} Y[i] = {expr}; }}
 }}
 """
     body, args = _forward(
-        spec, f"(max(1, min(_cdiv({n} // 4, p['BLOCK_X']), p['WAVES'] * 132)), 1, 1)", "(p['BLOCK_X'], 1, 1)"
+        spec, "(max(1, min(_cdiv(_cdiv(n, 4), p['BLOCK_X']), p['WAVES'] * 132)), 1, 1)", "(p['BLOCK_X'], 1, 1)",
+        extra=f", int(_aligned({', '.join(f'x{k}' for k in range(nin))}, y))",
     )
     out.append(Recipe("elementwise/vector_grid_stride", "elementwise", "cuda", vec, body, args,
                       TunableSpace(params={"BLOCK_X": [128, 256, 512, 1024], "WAVES": [1, 2, 4, 8, 16, 64]}),

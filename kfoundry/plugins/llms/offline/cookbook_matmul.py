@@ -55,39 +55,36 @@ def _args(spec: OpSpec, lang: str) -> str:
     return f"const float* __restrict__ A, const float* __restrict__ B, {b}float* __restrict__ C, int M, int N, int K"
 
 
-def _forward(spec: OpSpec, grid: str, block: str) -> tuple[str, list[str]]:
+def _forward(
+    spec: OpSpec, grid: str, block: str, fallback: tuple[str, str, str] | None = None
+) -> tuple[str, list[str]]:
+    """``forward``: M, N, K from the inputs. ``fallback`` (kernel, grid, condition): where the condition or
+    16-byte alignment of B and C fails, that kernel (a scalar one in the same program) runs instead."""
+    a, b = ("x", "wt") if spec.linear else ("a", "b")
+    bias = "self.m0.bias, " if spec.bias else ""
+    call = f"self.prog.matmul({a}, {b}, {bias}c, M, N, K, grid={grid}, block={block})"
+    if fallback is not None:
+        name, fgrid, cond = fallback
+        call = (f"if {cond} and _aligned({b}, c):\n    {call}\nelse:\n"
+                f"    self.prog.{name}({a}, {b}, {bias}c, M, N, K, grid={fgrid}, block={block})")
     if spec.linear:
-        bias = "self.m0.bias, " if spec.bias else ""
-        body = f"""
-            M, K = x.shape
-            w = self.m0.weight
-            N = w.shape[0]
-            wt = torch.empty((K, N), dtype=x.dtype, device=x.device)
-            self.prog.transpose(w, wt, N, K, grid=(_cdiv(K, 16), _cdiv(N, 16), 1), block=(16, 16, 1))
-            c = torch.empty((M, N), dtype=x.dtype, device=x.device)
-            self.prog.matmul(x, wt, {bias}c, M, N, K, grid={grid}, block={block})
-            return c
-        """
-        return body, ["x"]
-    body = f"""
-        M, K = a.shape
-        N = b.shape[1]
-        c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-        self.prog.matmul(a, b, c, M, N, K, grid={grid}, block={block})
-        return c
-    """
-    return body, ["a", "b"]
-
-
-def _divisors(n: int, options: list[int]) -> list[int]:
-    return [v for v in options if n % v == 0]
+        head = """M, K = x.shape
+w = self.m0.weight
+N = w.shape[0]
+wt = torch.empty((K, N), dtype=x.dtype, device=x.device)
+self.prog.transpose(w, wt, N, K, grid=(_cdiv(K, 16), _cdiv(N, 16), 1), block=(16, 16, 1))
+c = torch.empty((M, N), dtype=x.dtype, device=x.device)"""
+        return f"{head}\n{call}\nreturn c\n", ["x"]
+    head = """M, K = a.shape
+N = b.shape[1]
+c = torch.empty((M, N), dtype=a.dtype, device=a.device)"""
+    return f"{head}\n{call}\nreturn c\n", ["a", "b"]
 
 
 def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     out: list[Recipe] = []
     pre = _epilogue(spec, "opencl") + (_CL_TRANSPOSE if spec.linear else "")
     args = _args(spec, "opencl")
-    N = spec.N
 
     naive = f"""{pre}
 __kernel void matmul({args}) {{
@@ -121,7 +118,8 @@ __kernel void matmul({args}) {{
         )
     )
 
-    vws = _divisors(N, [2, 4, 8])
+    # vector widths along N for any N: a work-item whose VW columns run past N computes them one by one
+    vws = [2, 4, 8]
     store = (
         "VSTOREV(acc, 0, C + m * N + n0);"
         if not spec.expr and not spec.bias
@@ -134,6 +132,14 @@ __kernel void matmul({args}) {{
     int n0 = get_global_id(0) * VW;
     int m = get_global_id(1);
     if (m >= M || n0 >= N) return;
+    if (n0 + VW > N) {{
+        for (int n = n0; n < N; ++n) {{
+            float a = 0.0f;
+            for (int k = 0; k < K; ++k) a += A[m * K + k] * B[k * N + n];
+            C[m * N + n] = {_epi_call(spec, "a", "n")};
+        }}
+        return;
+    }}
     floatv acc = (floatv)(0.0f);
     for (int k = 0; k < K; ++k) acc += (floatv)(A[m * K + k]) * VLOADV(0, B + k * N + n0);
     {store}
@@ -141,7 +147,7 @@ __kernel void matmul({args}) {{
 """
         body, fargs = _forward(
             spec,
-            "(_cdiv(N // p['VW'], p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
+            "(_cdiv(_cdiv(N, p['VW']), p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
             "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
         )
         out.append(
@@ -174,6 +180,15 @@ __kernel void matmul({args}) {{
     int n0 = get_global_id(0) * VW;
     int m0 = get_global_id(1) * TM;
     if (n0 >= N || m0 >= M) return;
+    if (n0 + VW > N) {{
+        for (int m = m0; m < min(m0 + TM, M); ++m)
+            for (int n = n0; n < N; ++n) {{
+                float a = 0.0f;
+                for (int k = 0; k < K; ++k) a += A[m * K + k] * B[k * N + n];
+                C[m * N + n] = {_epi_call(spec, "a", "n")};
+            }}
+        return;
+    }}
     floatv acc[TM];
     #pragma unroll
     for (int i = 0; i < TM; ++i) acc[i] = (floatv)(0.0f);
@@ -190,7 +205,7 @@ __kernel void matmul({args}) {{
 """
         body, fargs = _forward(
             spec,
-            "(_cdiv(N // p['VW'], p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
+            "(_cdiv(_cdiv(N, p['VW']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
             "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
         )
         out.append(
@@ -332,7 +347,6 @@ __kernel void matmul({args}) {{
 
 def _register_block_2d(spec: OpSpec, pre: str, args: str, vws: list[int]) -> Recipe:
     """TM rows x NB vectors of C per work-item: each A value feeds NB vector multiply-adds."""
-    N = spec.N
     store_2d = (
         "if (m0 + i < M && n0 + j * VW < N) VSTOREV(acc[i][j], j, C + (m0 + i) * N + n0);"
         if not spec.expr and not spec.bias
@@ -345,6 +359,15 @@ __kernel void matmul({args}) {{
     int n0 = get_global_id(0) * VW * NB;
     int m0 = get_global_id(1) * TM;
     if (n0 >= N || m0 >= M) return;
+    if (n0 + VW * NB > N) {{
+        for (int m = m0; m < min(m0 + TM, M); ++m)
+            for (int n = n0; n < N; ++n) {{
+                float a = 0.0f;
+                for (int k = 0; k < K; ++k) a += A[m * K + k] * B[k * N + n];
+                C[m * N + n] = {_epi_call(spec, "a", "n")};
+            }}
+        return;
+    }}
     floatv acc[TM][NB];
     #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -369,18 +392,18 @@ __kernel void matmul({args}) {{
         }}
 }}
 """
-    nbs = [nb for nb in (1, 2, 3, 4) if any(N % (nb * v) == 0 for v in vws)]
-    nb0 = 2 if 2 in nbs and N % (2 * vws[-1]) == 0 else 1
+    nbs = [1, 2, 3, 4]
+    nb0 = 2
     body, fargs = _forward(
         spec,
-        "(_cdiv(N // (p['VW'] * p['NB']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
+        "(_cdiv(_cdiv(N, p['VW'] * p['NB']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
         "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
     )
     return Recipe(
         "matmul/register_block_2d", "matmul", "opencl", kernel, body, fargs,
         TunableSpace(
             params={"VW": vws, "NB": nbs, "TM": [2, 4, 6, 8], "BLOCK_X": [1, 2, 4, 8], "BLOCK_Y": [1, 2, 4, 8]},
-            restrictions=["BLOCK_X * BLOCK_Y <= 256", f"{N} % (VW * NB) == 0", "TM * NB <= 16"],
+            restrictions=["BLOCK_X * BLOCK_Y <= 256", "TM * NB <= 16"],
         ),
         {"VW": vws[-1], "NB": nb0, "TM": 8, "BLOCK_X": 4, "BLOCK_Y": 1},
         rank=5, modules=spec.modules,
@@ -423,8 +446,9 @@ extern "C" __global__ void matmul({args}) {{
             description="one thread per output",
         )
     )
-    if spec.N % 4 == 0:
-        vec = f"""{pre}
+    if True:  # float4 loads of B where N % 4 == 0 and B, C are 16-byte aligned; matmul_scalar elsewhere
+        scalar = naive.replace("void matmul(", "void matmul_scalar(")
+        vec = f"""{scalar}
 extern "C" __global__ void matmul({args}) {{
     int n0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
     int m = blockIdx.y * blockDim.y + threadIdx.y;
@@ -445,6 +469,7 @@ extern "C" __global__ void matmul({args}) {{
             spec,
             "(_cdiv(N // 4, p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
             "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            fallback=("matmul_scalar", "(_cdiv(N, p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)", "N % 4 == 0"),
         )
         out.append(
             Recipe(

@@ -27,13 +27,28 @@ def _head(lang: str) -> str:
     return "__kernel void rows" if lang == "opencl" else 'extern "C" __global__ void rows'
 
 
-def _forward(spec: OpSpec, grid: str, block: str) -> str:
+def _dims(spec: OpSpec) -> str:
+    """Python lines computing ``outer, R, inner`` (the [outer, R, inner] view) and ``y`` from ``x``'s shape."""
+    d = spec.dim
+    if spec.family == "layer_norm":
+        sizes = f"outer, R, inner = _prod(x.shape[:{d}]), _prod(x.shape[{d}:]), 1"
+    else:
+        sizes = f"outer, R, inner = _prod(x.shape[:{d}]), x.shape[{d}], _prod(x.shape[{d + 1}:])"
+    if spec.family != "reduce":
+        alloc = "y = torch.empty_like(x)"
+    else:
+        keep = " + (1,)" if len(spec.output_shape) == len(spec.input_shapes[0]) else ""
+        alloc = f"y = torch.empty(x.shape[:{d}]{keep} + x.shape[{d + 1}:], dtype=x.dtype, device=x.device)"
+    return f"{sizes}\n{alloc}"
+
+
+def _forward(spec: OpSpec, grid: str, block: str, program: str = "self.prog", extra: str = "") -> str:
     wb = "self.m0.weight, self.m0.bias, " if spec.affine else ""
     return f"""
-        y = torch.empty({list(spec.output_shape)!r}, dtype=x.dtype, device=x.device)
-        self.prog.rows(x, {wb}y, {spec.outer}, {spec.R}, {spec.inner}, grid={grid}, block={block})
-        return y
-    """
+{_dims(spec)}
+{program}.rows(x, {wb}y, outer, R, inner{extra}, grid={grid}, block={block})
+return y
+"""
 
 
 def _write_loop(op: RowOp, spec: OpSpec, start: str, step: str, load: str, store: str) -> str:
@@ -44,10 +59,6 @@ def _write_loop(op: RowOp, spec: OpSpec, start: str, step: str, load: str, store
 
 def _space_1d(block: list[int]) -> TunableSpace:
     return TunableSpace(params={"BLOCK_X": block})
-
-
-def _rows_total(spec: OpSpec) -> int:
-    return spec.outer * spec.inner
 
 
 def opencl_recipes(spec: OpSpec) -> list[Recipe]:
@@ -74,7 +85,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     {write}
 }}
 """
-    grid1 = f"(_cdiv({_rows_total(spec)}, p['BLOCK_X']), 1, 1)"
+    grid1 = "(_cdiv(outer * inner, p['BLOCK_X']), 1, 1)"
     out.append(Recipe(f"{fam}/naive", fam, lang, naive, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
                       _space_1d([1, 4, 16, 64]), {"BLOCK_X": 16}, rank=0, modules=mods,
                       description="one work-item per row, one pass over the row per statistic"))
@@ -96,7 +107,8 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
                       _space_1d([1, 4, 16, 64]), {"BLOCK_X": 16}, rank=1, modules=mods,
                       description="one work-item per row, single-pass online statistics"))
 
-    vws = [v for v in (2, 4, 8) if spec.inner == 1 and spec.R % v == 0]
+    # vector recipes need rows along the last dimension; a row's last R % VW elements take a scalar tail
+    vws = [2, 4, 8] if spec.inner == 1 else []
     if vws:
         vwrite = "" if op.reduce else f"""
     for (int c = 0; c < R / VW; ++c) {{
@@ -105,7 +117,8 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
         #pragma unroll
         for (int u = 0; u < VW; ++u) {{ float x = xs[u]; int j = c * VW + u; xs[u] = {op.out}; }}
         VSTOREV(VLOADV(0, xs), c, yr);
-    }}"""
+    }}
+    for (int j = (R / VW) * VW; j < R; ++j) {{ float x = xr[j]; yr[j] = {op.out}; }}"""
         vec = f"""{OPENCL_VECTOR_HELPERS}
 {_head(lang)}({sig}) {{
     {setup}
@@ -116,6 +129,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
         #pragma unroll
         for (int u = 0; u < VW; ++u) {{ float x = xs[u]; {op.acc} }}
     }}
+    for (int t = (R / VW) * VW; t < R; ++t) {{ float x = xr[t]; {op.acc} }}
     {op.final}
     {f"yr[0] = {op.result};" if op.reduce else ""}{vwrite}
 }}
@@ -160,7 +174,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     bis = [1] if spec.inner == 1 else [1, 4, 16]
     out.append(Recipe(
         f"{fam}/workgroup", fam, lang, wg,
-        _forward(spec, f"(_cdiv({spec.inner}, p['BI']), {spec.outer}, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
+        _forward(spec, "(_cdiv(inner, p['BI']), outer, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
         TunableSpace(params={"BI": bis, "BR": [2, 4, 8, 16, 32, 64]}, restrictions=["BI * BR <= 256"]),
         {"BI": bis[-1], "BR": 16 if spec.inner == 1 else 4}, rank=2, modules=mods,
         description="a work-group per row: strided online statistics, local-memory tree merge",
@@ -178,14 +192,16 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
             for (int u = 0; u < VW; ++u) {{ float x = xs[u]; int j = cc * VW + u; xs[u] = {op.out}; }}
             VSTOREV(VLOADV(0, xs), cc, yr);
         }}
-    }}"""
+    }}
+    if (tr == 0) for (int j = (ROW_LEN / VW) * VW; j < ROW_LEN; ++j) {{ float x = xr[j]; yr[j] = {op.out}; }}"""
         shared1 = "\n    ".join(f"__local float sh_{n}[BR];" for n in names)
         save1 = " ".join(f"sh_{n}[tr] = {n};" for n in names)
         load1 = " ".join(f"float {n}_o = sh_{n}[tr + s];" for n in names)
         bcast1 = " ".join(f"{n} = sh_{n}[0];" for n in names)
         cached = f"""{OPENCL_VECTOR_HELPERS}
-#define ROW_LEN {spec.R}
-#define CH ((ROW_LEN / VW + BR - 1) / BR)
+// ROW_LEN (the row length) is defined when the program is built for the input's shape
+#define CH_ ((ROW_LEN / VW + BR - 1) / BR)
+#define CH (CH_ > 0 ? CH_ : 1)
 {_head(lang)}({sig}) {{
     {shared1}
     int tr = get_local_id(0), o = get_group_id(0);
@@ -204,6 +220,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
             for (int u = 0; u < VW; ++u) {{ float x = xs[u]; {op.acc} }}
         }}
     }}
+    if (tr == 0) for (int t = (ROW_LEN / VW) * VW; t < ROW_LEN; ++t) {{ float x = xr[t]; {op.acc} }}
     {save1}
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = BR / 2; s > 0; s >>= 1) {{
@@ -217,10 +234,10 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
 """
         out.append(Recipe(
             f"{fam}/workgroup_register_cache", fam, lang, cached,
-            _forward(spec, f"({spec.outer}, 1, 1)", "(p['BR'], 1, 1)"), ["x"],
+            _forward(spec, "(outer, 1, 1)", "(p['BR'], 1, 1)", program="self._program(ROW_LEN=R)"), ["x"],
             TunableSpace(params={"VW": vws, "BR": [1, 2, 4, 8, 16, 32, 64, 128]},
                          restrictions=[f"({spec.R} // VW + BR - 1) // BR <= 64"]),
-            {"VW": vws[-1], "BR": 16}, rank=3, modules=mods,
+            {"VW": vws[-1], "BR": 16}, rank=3, modules=mods, lazy=True,
             description="a work-group per row, vector loads, the row cached in registers (read once)",
         ))
     return out
@@ -238,46 +255,57 @@ def _opencl_vector_native(spec: OpSpec, sig: str, setup: str, grid: str, vws: li
     ld = "VLOADV(c, xr)"
     loop = "for (int c = 0; c < R / VW; ++c)"
     eps = f"{spec.eps!r}f"
+    tail = "for (int t = (R / VW) * VW; t < R; ++t)"  # the row's last R % VW elements, scalar
     if fam in ("softmax", "log_softmax"):
         body = f"""floatv vm = (floatv)(-INFINITY);
     {loop} vm = fmax(vm, {ld});
     float m = -INFINITY;
     {_hreduce("m", "vm", "max")}
-    floatv vs = (floatv)(0.0f);"""
+    {tail} m = fmax(m, xr[t]);
+    floatv vs = (floatv)(0.0f);
+    float s = 0.0f;"""
         if fam == "softmax":
             body += f"""
     {loop} {{ floatv e = exp({ld} - (floatv)(m)); vs += e; VSTOREV(e, c, yr); }}
-    float s = 0.0f;
+    {tail} {{ float e = exp(xr[t] - m); s += e; yr[t] = e; }}
     {_hreduce("s", "vs", "sum")}
-    floatv inv = (floatv)(1.0f / s);
-    {loop} VSTOREV(VLOADV(c, yr) * inv, c, yr);"""
+    float inv = 1.0f / s;
+    {loop} VSTOREV(VLOADV(c, yr) * (floatv)(inv), c, yr);
+    {tail} yr[t] *= inv;"""
         else:
             body += f"""
     {loop} vs += exp({ld} - (floatv)(m));
-    float s = 0.0f;
+    {tail} s += exp(xr[t] - m);
     {_hreduce("s", "vs", "sum")}
-    floatv lse = (floatv)(m + log(s));
-    {loop} VSTOREV({ld} - lse, c, yr);"""
+    float lse = m + log(s);
+    {loop} VSTOREV({ld} - (floatv)(lse), c, yr);
+    {tail} yr[t] = xr[t] - lse;"""
     elif fam == "rms_norm":
         body = f"""floatv vq = (floatv)(0.0f);
     {loop} {{ floatv v = {ld}; vq += v * v; }}
     float q = 0.0f;
+    {tail} q += xr[t] * xr[t];
     {_hreduce("q", "vq", "sum")}
-    floatv rstd = (floatv)(rsqrt(q / {float(spec.R)!r}f + {eps}));
-    {loop} VSTOREV({ld} * rstd, c, yr);"""
+    float rstd = rsqrt(q / (float)R + {eps});
+    {loop} VSTOREV({ld} * (floatv)(rstd), c, yr);
+    {tail} yr[t] = xr[t] * rstd;"""
     else:
         affine = " * VLOADV(c, w) + VLOADV(c, b)" if spec.affine else ""
+        saffine = " * w[t] + b[t]" if spec.affine else ""
         body = f"""floatv vs = (floatv)(0.0f);
     {loop} vs += {ld};
     float mean = 0.0f;
+    {tail} mean += xr[t];
     {_hreduce("mean", "vs", "sum")}
-    mean /= {float(spec.R)!r}f;
+    mean /= (float)R;
     floatv vq = (floatv)(0.0f);
     {loop} {{ floatv d = {ld} - (floatv)(mean); vq += d * d; }}
     float var = 0.0f;
+    {tail} var += (xr[t] - mean) * (xr[t] - mean);
     {_hreduce("var", "vq", "sum")}
-    floatv rstd = (floatv)(rsqrt(var / {float(spec.R)!r}f + {eps}));
-    {loop} VSTOREV(({ld} - (floatv)(mean)) * rstd{affine}, c, yr);"""
+    float rstd = rsqrt(var / (float)R + {eps});
+    {loop} VSTOREV(({ld} - (floatv)(mean)) * (floatv)(rstd){affine}, c, yr);
+    {tail} yr[t] = (xr[t] - mean) * rstd{saffine};"""
     kernel = f"""{OPENCL_VECTOR_HELPERS}
 {_head("opencl")}({sig}) {{
     {setup}
@@ -308,7 +336,7 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
         f"yr[0] = {expr};" if op.reduce
         else f"for (int r = 0; r < R; ++r) {{ float x = xr[(size_t)r * inner]; int j = r; yr[(size_t)r * inner] = {expr}; }}"
     )
-    grid1 = f"(_cdiv({_rows_total(spec)}, p['BLOCK_X']), 1, 1)"
+    grid1 = "(_cdiv(outer * inner, p['BLOCK_X']), 1, 1)"
     out.append(Recipe(
         f"{fam}/naive", fam, lang, f"\n{_head(lang)}({sig}) {{\n    {setup}\n    {stmts}\n    {write}\n}}\n",
         _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"], _space_1d([32, 64, 128, 256]), {"BLOCK_X": 128},
@@ -347,7 +375,7 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     bis = [1] if spec.inner == 1 else [8, 16, 32]
     out.append(Recipe(
         f"{fam}/block_tree", fam, lang, wg,
-        _forward(spec, f"(_cdiv({spec.inner}, p['BI']), {spec.outer}, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
+        _forward(spec, "(_cdiv(inner, p['BI']), outer, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
         TunableSpace(params={"BI": bis, "BR": [4, 8, 16, 32, 64, 128, 256]},
                      restrictions=["BI * BR <= 1024", "BI * BR >= 32"]),
         {"BI": bis[-1], "BR": 256 if spec.inner == 1 else 8}, rank=2, modules=mods,
@@ -356,26 +384,25 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     if spec.inner != 1:
         return out
     shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
-    v4 = spec.R % 4 == 0
+    # float4 loads only where every row starts 16-byte aligned (vec4, decided in forward), else scalar
     loads = (
-        "const float4* xr4 = reinterpret_cast<const float4*>(xr);\n"
-        "    for (int c = lane; c < ROW_LEN / 4; c += 32) { float4 q = __ldg(xr4 + c);"
-        " float x; x = q.x; ACC x = q.y; ACC x = q.z; ACC x = q.w; ACC }"
-        if v4 else "for (int r = lane; r < ROW_LEN; r += 32) { float x = __ldg(xr + r); ACC }"
+        "if (vec4) { const float4* xr4 = reinterpret_cast<const float4*>(xr);\n"
+        "    for (int c = lane; c < R / 4; c += 32) { float4 q = __ldg(xr4 + c);"
+        " float x; x = q.x; ACC x = q.y; ACC x = q.z; ACC x = q.w; ACC } }\n"
+        "    else for (int r = lane; r < R; r += 32) { float x = __ldg(xr + r); ACC }"
     ).replace("ACC", op.acc)
     warp_write = (
         f"if (lane == 0) Y[row] = {op.result};" if op.reduce
-        else f"for (int r = lane; r < ROW_LEN; r += 32) {{ float x = __ldg(xr + r); int j = r; yr[r] = {op.out}; }}"
+        else f"for (int r = lane; r < R; r += 32) {{ float x = __ldg(xr + r); int j = r; yr[r] = {op.out}; }}"
     )
     warp = f"""
-#define ROW_LEN {spec.R}
-{_head(lang)}({sig}) {{
+{_head(lang)}({sig.replace("int inner", "int inner, int vec4")}) {{
     // one warp per row: lanes stride the row, statistics meet through warp shuffles
     const int lane = threadIdx.x & 31;
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (row >= outer) return;
-    const float* xr = X + (size_t)row * ROW_LEN;
-    float* yr = Y + (size_t)row * ROW_LEN;
+    const float* xr = X + (size_t)row * R;
+    float* yr = Y + (size_t)row * R;
     {op.declare()}
     {loads}
     #pragma unroll
@@ -386,12 +413,11 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
 """
     out.append(Recipe(
         f"{fam}/warp_shuffle", fam, lang, warp,
-        _forward(spec, f"(_cdiv({spec.outer} * 32, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"), ["x"],
+        _forward(spec, "(_cdiv(outer * 32, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)",
+                 extra=", int(R % 4 == 0 and _aligned(x))"), ["x"],
         _space_1d([32, 64, 128, 256]), {"BLOCK_X": 128}, rank=2, modules=mods,
         description="a warp per row, warp-shuffle merge of online statistics",
     ))
-    if not v4:
-        return out
     save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
     load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
     bc_w = " ".join(f"sh_{n}[0] = {n};" for n in names)
@@ -399,6 +425,10 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     shared_w = "\n    ".join(f"__shared__ float sh_{n}[32];" for n in names)
     hier_write = (
         f"if (threadIdx.x == 0) Y[row] = {op.result};" if op.reduce else f"""
+    if (!vec4) {{
+        for (int r = threadIdx.x; r < R; r += BLOCK) {{ float x = __ldg(X + (size_t)row * R + r); int j = r; Y[(size_t)row * R + r] = {op.out}; }}
+        return;
+    }}
     float4* yr4 = reinterpret_cast<float4*>(Y + (size_t)row * ROW_LEN);
     #pragma unroll
     for (int c = 0; c < CH; ++c) {{
@@ -412,25 +442,31 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     }}"""
     )
     hier = f"""
-#define ROW_LEN {spec.R}
+// ROW_LEN (the row length) is defined when the program is built for the input's shape
 #define NWARPS (BLOCK / 32)
-#define CH ((ROW_LEN / 4 + BLOCK - 1) / BLOCK)
-extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig}) {{
-    // a block per row: float4 loads cached in registers, warp shuffles, then shared memory across warps
+#define CH_ ((ROW_LEN / 4 + BLOCK - 1) / BLOCK)
+#define CH (CH_ > 0 ? CH_ : 1)
+extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner", "int inner, int vec4")}) {{
+    // a block per row: float4 loads cached in registers (when the rows are 16-byte aligned, vec4),
+    // warp shuffles, then shared memory across warps
     {shared_w}
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x;
     const float4* xr4 = reinterpret_cast<const float4*>(X + (size_t)row * ROW_LEN);
     float4 cache[CH];
     {op.declare()}
-    #pragma unroll
-    for (int c = 0; c < CH; ++c) {{
-        int cc = threadIdx.x + c * BLOCK;
-        if (cc < ROW_LEN / 4) {{
-            float4 q = __ldg(xr4 + cc);
-            cache[c] = q;
-            float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc}
+    if (vec4) {{
+        #pragma unroll
+        for (int c = 0; c < CH; ++c) {{
+            int cc = threadIdx.x + c * BLOCK;
+            if (cc < ROW_LEN / 4) {{
+                float4 q = __ldg(xr4 + cc);
+                cache[c] = q;
+                float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc}
+            }}
         }}
+    }} else {{
+        for (int r = threadIdx.x; r < R; r += BLOCK) {{ float x = __ldg(X + (size_t)row * R + r); {op.acc} }}
     }}
     #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
@@ -450,10 +486,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig}) {{
 """
     out.append(Recipe(
         f"{fam}/block_hierarchical", fam, lang, hier,
-        _forward(spec, f"({spec.outer}, 1, 1)", "(p['BLOCK'], 1, 1)"), ["x"],
+        _forward(spec, "(outer, 1, 1)", "(p['BLOCK'], 1, 1)", program="self._program(ROW_LEN=R)",
+                 extra=", int(R % 4 == 0 and _aligned(x, y))"), ["x"],
         TunableSpace(params={"BLOCK": [64, 128, 256, 512, 1024]},
                      restrictions=[f"({spec.R} // 4 + BLOCK - 1) // BLOCK <= 32"]),
-        {"BLOCK": 256}, rank=3, modules=mods,
+        {"BLOCK": 256}, rank=3, modules=mods, lazy=True,
         description="a block per row: float4 loads cached in registers, warp shuffles then shared memory",
     ))
     return out
@@ -510,12 +547,12 @@ __kernel void rows({g} X, {wb}__global float* restrict Y, {g} P, int outer, int 
         kernel = to_cuda(kernel).replace("min(R, r0 + per)", "min(R, r0 + per)")
     wbp = "self.m0.weight, self.m0.bias, " if spec.affine else ""
     forward = f"""
-        part = torch.empty(({spec.outer}, p['SPLIT'], {k}), dtype=x.dtype, device=x.device)
-        self.prog.rows_partial(x, part, {spec.outer}, {spec.R}, 1, grid=(p['SPLIT'], {spec.outer}, 1), block=(p['BR'], 1, 1))
-        y = torch.empty({list(spec.output_shape)!r}, dtype=x.dtype, device=x.device)
-        self.prog.rows(x, {wbp}y, part, {spec.outer}, {spec.R}, 1, grid=(p['SPLIT'], {spec.outer}, 1), block=(p['BR'], 1, 1))
-        return y
-    """
+{_dims(spec)}
+part = torch.empty((outer, p['SPLIT'], {k}), dtype=x.dtype, device=x.device)
+self.prog.rows_partial(x, part, outer, R, 1, grid=(p['SPLIT'], outer, 1), block=(p['BR'], 1, 1))
+self.prog.rows(x, {wbp}y, part, outer, R, 1, grid=(p['SPLIT'], outer, 1), block=(p['BR'], 1, 1))
+return y
+"""
     brs = [16, 32, 64, 128] if language == "opencl" else [128, 256, 512, 1024]
     splits = [s for s in (2, 4, 8, 16, 32, 64) if s * 32 <= spec.R] or [2]
     return Recipe(
@@ -528,18 +565,31 @@ __kernel void rows({g} X, {wb}__global float* restrict Y, {g} P, int outer, int 
 
 def inner_vector(spec: OpSpec, language: str) -> Recipe | None:
     """Reductions over a non-last dimension (and RMS norm there): VW neighbouring columns per work-item,
-    vector loads along the contiguous inner dimension, statistics in vector registers."""
+    vector loads along the contiguous inner dimension, statistics in vector registers. The last group of
+    a row (inner % VW columns), and on CUDA any input whose rows are not 16-byte aligned, go scalar."""
     if spec.inner == 1 or spec.family not in ("reduce", "rms_norm"):
         return None
-    vws = [v for v in (2, 4, 8) if spec.inner % v == 0] if language == "opencl" else [4] if spec.inner % 4 == 0 else []
-    if not vws:
-        return None
+    vws = [2, 4, 8] if language == "opencl" else [4]
     op = spec.reduce_op if spec.family == "reduce" else "sumsq"
     init = {"max": "-INFINITY", "min": "INFINITY"}.get(op, "0.0f")
-    R = f"{float(spec.R)!r}f"
+    R = "(float)R"
     eps = f"{spec.eps!r}f"
+    # one scalar column (the tail and the unaligned path)
+    sstep = {"max": "a = (v > a || v != v) ? v : a;", "min": "a = (v < a || v != v) ? v : a;",
+             "sumsq": "a += v * v;"}.get(op, "a += v;")
+    if spec.family == "reduce":
+        sout = f"Y[(long)o * inner + col] = {'a / ' + R if op == 'mean' else 'a'};"
+    else:
+        sout = (f"float rs = rsqrt(a / {R} + {eps});\n"
+                "            for (int r = 0; r < R; ++r) Y[((long)o * R + r) * inner + col] = X[((long)o * R + r) * inner + col] * rs;")
+    scalar_cols = f"""for (int col = iv * VW; col < min(inner, iv * VW + VW); ++col) {{
+            float a = {init};
+            for (int r = 0; r < R; ++r) {{ float v = X[((long)o * R + r) * inner + col]; {sstep} }}
+            {sout}
+        }}"""
     if language == "opencl":
-        step = {"max": "acc = fmax(acc, v);", "min": "acc = fmin(acc, v);", "sumsq": "acc += v * v;"}.get(op, "acc += v;")
+        step = {"max": "acc = (v > acc || v != v) ? v : acc;", "min": "acc = (v < acc || v != v) ? v : acc;",
+                "sumsq": "acc += v * v;"}.get(op, "acc += v;")
         if spec.family == "reduce":
             result = "acc / (floatv)(" + R + ")" if op == "mean" else "acc"
             tail = f"VSTOREV({result}, 0, Y + (long)o * inner + iv * VW);"
@@ -549,9 +599,14 @@ def inner_vector(spec: OpSpec, language: str) -> Recipe | None:
                     "Y + (long)o * R * inner + (long)r * inner + iv * VW);")
         kernel = f"""{OPENCL_VECTOR_HELPERS}
 __kernel void rows(__global const float* restrict X, __global float* restrict Y, int outer, int R, int inner) {{
+    int groups = (inner + VW - 1) / VW;
     int g = get_global_id(0);
-    if (g >= outer * (inner / VW)) return;
-    int iv = g % (inner / VW), o = g / (inner / VW);
+    if (g >= outer * groups) return;
+    int iv = g % groups, o = g / groups;
+    if (iv * VW + VW > inner) {{
+        {scalar_cols}
+        return;
+    }}
     __global const float* xr = X + (long)o * R * inner + iv * VW;
     floatv acc = (floatv)({init});
     for (int r = 0; r < R; ++r) {{ floatv v = VLOADV(0, xr + (long)r * inner); {step} }}
@@ -560,7 +615,8 @@ __kernel void rows(__global const float* restrict X, __global float* restrict Y,
 """
     else:
         comps = "xyzw"
-        step = {"max": "acc.{c} = fmaxf(acc.{c}, v.{c});", "min": "acc.{c} = fminf(acc.{c}, v.{c});",
+        step = {"max": "acc.{c} = (v.{c} > acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
+                "min": "acc.{c} = (v.{c} < acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
                 "sumsq": "acc.{c} = fmaf(v.{c}, v.{c}, acc.{c});"}.get(op, "acc.{c} += v.{c};")
         steps = " ".join(step.format(c=c) for c in comps)
         if spec.family == "reduce":
@@ -573,10 +629,18 @@ __kernel void rows(__global const float* restrict X, __global float* restrict Y,
                     "(xr + (size_t)r * inner)); reinterpret_cast<float4*>(Y + (size_t)o * R * inner + (size_t)r * inner)"
                     "[iv] = make_float4(v.x * rx, v.y * ry, v.z * rz, v.w * rw); }")
         kernel = f"""
-extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__ Y, int outer, int R, int inner) {{
+#define VW 4
+extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__ Y, int outer, int R, int inner,
+                                int vec4) {{
+    // vec4: inner % 4 == 0 and X, Y 16-byte aligned (decided in forward); otherwise 4 scalar columns
+    int groups = (inner + 3) / 4;
     int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= outer * (inner / 4)) return;
-    int iv = g % (inner / 4), o = g / (inner / 4);
+    if (g >= outer * groups) return;
+    int iv = g % groups, o = g / groups;
+    if (!vec4) {{
+        {scalar_cols.replace("rsqrt(", "rsqrtf(").replace("(long)", "(size_t)")}
+        return;
+    }}
     const float* xr = X + (size_t)o * R * inner + iv * 4;
     float4 acc = make_float4({init}, {init}, {init}, {init});
     for (int r = 0; r < R; ++r) {{ float4 v = __ldg(reinterpret_cast<const float4*>(xr + (size_t)r * inner)); {steps} }}
@@ -584,13 +648,16 @@ extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__
 }}
 """
     vw = "p['VW']" if language == "opencl" else "4"
+    extra = "" if language == "opencl" else ", int(inner % 4 == 0 and _aligned(x, y))"
     params = {"VW": vws, "BLOCK_X": [1, 4, 16, 64]} if language == "opencl" else {"BLOCK_X": [64, 128, 256, 512]}
     defaults: dict[str, ParamValue] = {"VW": vws[-1], "BLOCK_X": 4} if language == "opencl" else {"BLOCK_X": 256}
     return Recipe(
         f"{spec.family}/inner_vector", spec.family, language, kernel,
-        _forward(spec, f"(_cdiv({spec.outer} * ({spec.inner} // {vw}), p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+        _forward(spec, f"(_cdiv(outer * _cdiv(inner, {vw}), p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)",
+                 extra=extra),
         ["x"], TunableSpace(params=params), defaults, rank=2, modules=spec.modules,
         description="vector loads along the contiguous inner dimension, statistics in vector registers",
+        sycl_ok=op not in ("max", "min"),
     )
 
 

@@ -71,13 +71,32 @@ def lit(value: float) -> str:
     return f"{float(value)!r}f".replace("inff", "INFINITY")
 
 
+def _at_least(a: str, lo: str) -> str:
+    """max(a, lo) that keeps a NaN ``a`` (as torch's clamp does; fmax would return ``lo``)."""
+    return f"(({a}) < {lo} ? {lo} : ({a}))"
+
+
+def _at_most(a: str, hi: str) -> str:
+    """min(a, hi) that keeps a NaN ``a``."""
+    return f"(({a}) > {hi} ? {hi} : ({a}))"
+
+
+def _clamp(a: str, lo: float, hi: float) -> str:
+    out = a if math.isinf(lo) else _at_least(a, lit(lo))
+    return out if math.isinf(hi) else _at_most(out, lit(hi))
+
+
 def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
     f = lambda n: fn(n, lang)  # noqa: E731
+    # NaN in, NaN out, as torch: no fmax/fmin (they drop a NaN operand); ?: selects per lane on OpenCL vectors
+    neg_exp = f"{lit(kw.get('alpha', 1.0))} * {f('expm1')}({a})"
     table: dict[str, Callable[[], str]] = {
-        "relu": lambda: f"{f('fmax')}({a}, 0.0f)",
+        "relu": lambda: _at_least(a, "0.0f"),
         "sigmoid": lambda: f"(1.0f / (1.0f + {f('exp')}(-({a}))))",
         "tanh": lambda: f"{f('tanh')}({a})",
-        "gelu": lambda: f"(0.5f * ({a}) * (1.0f + {f('erf')}(({a}) * 0.7071067811865476f)))",
+        # torch's vectorised CPU GELU returns NaN at +-inf; the OpenCL (CPU) kernels do the same: (a - a)
+        "gelu": lambda: (f"(0.5f * ({a}) * (1.0f + {f('erf')}(({a}) * 0.7071067811865476f))"
+                         + (f" + (({a}) - ({a})))" if lang == "opencl" else ")")),
         "gelu_tanh": lambda: (
             f"(0.5f * ({a}) * (1.0f + {f('tanh')}(0.7978845608028654f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))"
         ),
@@ -95,18 +114,14 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
         "neg": lambda: f"(-({a}))",
         "square": lambda: f"(({a}) * ({a}))",
         "softsign": lambda: f"(({a}) / (1.0f + {f('fabs')}({a})))",
-        "hardsigmoid": lambda: f"{f('fmin')}({f('fmax')}(({a}) / 6.0f + 0.5f, 0.0f), 1.0f)",
-        "hardswish": lambda: f"(({a}) * {f('fmin')}({f('fmax')}(({a}) + 3.0f, 0.0f), 6.0f) / 6.0f)",
-        "leaky_relu": lambda: f"({f('fmax')}({a}, 0.0f) + {lit(kw.get('slope', 0.01))} * {f('fmin')}({a}, 0.0f))",
-        "elu": lambda: (
-            f"({f('fmax')}({a}, 0.0f) + {lit(kw.get('alpha', 1.0))} * ({f('exp')}({f('fmin')}({a}, 0.0f)) - 1.0f))"
-        ),
+        "hardsigmoid": lambda: _clamp(f"({a}) / 6.0f + 0.5f", 0.0, 1.0),
+        "hardswish": lambda: f"(({a}) * {_clamp(f'({a}) + 3.0f', 0.0, 6.0)} / 6.0f)",
+        "leaky_relu": lambda: f"(({a}) < 0.0f ? {lit(kw.get('slope', 0.01))} * ({a}) : ({a}))",
+        "elu": lambda: f"(({a}) < 0.0f ? {neg_exp} : ({a}))",
         "selu": lambda: (
-            f"(1.0507009873554805f * ({f('fmax')}({a}, 0.0f) + 1.6732632423543772f * ({f('exp')}({f('fmin')}({a}, 0.0f)) - 1.0f)))"
+            f"(1.0507009873554805f * (({a}) < 0.0f ? 1.6732632423543772f * {f('expm1')}({a}) : ({a})))"
         ),
-        "clamp": lambda: (
-            f"{f('fmin')}({f('fmax')}({a}, {lit(kw.get('lo', -math.inf))}), {lit(kw.get('hi', math.inf))})"
-        ),
+        "clamp": lambda: _clamp(a, kw.get("lo", -math.inf), kw.get("hi", math.inf)),
     }
     if name not in table:
         raise GeneratorUnsupported(f"offline generator: elementwise op {name!r} is not in the cookbook")

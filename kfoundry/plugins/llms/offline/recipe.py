@@ -48,11 +48,20 @@ class Recipe:
     rank: int = 0
     modules: list[str] = field(default_factory=list)
     description: str = ""
+    #: Python dict expression of further defines computed in ``__init__`` from the modules (``self.m0``...).
+    init_defines: str = ""
+    #: The program needs defines computed from the inputs' shapes: no program is built in ``__init__``;
+    #: ``forward`` asks ``self._program(NAME=value, ...)`` (one build per distinct value set, cached).
+    lazy: bool = False
+    #: False where the kernel uses OpenCL vector selects (``?:`` on vectors) that :func:`to_sycl` cannot map.
+    sycl_ok: bool = True
 
     def render(self) -> str:
-        """The ``ModelNew`` module source."""
+        """The ``ModelNew`` module source: every size is read from the inputs in ``forward``."""
         init = "".join(f"        self.m{i} = {ctor}\n" for i, ctor in enumerate(self.modules))
         body = textwrap.indent(textwrap.dedent(self.forward).strip("\n"), " " * 8)
+        extra = f"**{self.init_defines}" if self.init_defines else ""
+        build = "" if self.lazy else "        self.prog = self._program()\n"
         return f'''"""kfoundry offline cookbook: {self.name} ({self.language}). {self.description}"""
 
 import torch
@@ -71,10 +80,28 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+def _prod(dims):
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def _aligned(*tensors):
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
 class ModelNew(nn.Module):
     def __init__(self, *init_inputs):
         super().__init__()
-{init}        self.prog = load(KERNEL_SOURCE, defines=PARAMS)
+{init}        self.defines = {{**PARAMS, {extra}}}
+        self.programs = {{}}
+{build}
+    def _program(self, **shape):
+        key = tuple(sorted(shape.items()))
+        if key not in self.programs:
+            self.programs[key] = load(KERNEL_SOURCE, defines={{**self.defines, **shape}})
+        return self.programs[key]
 
     def forward(self, {", ".join(self.forward_args)}):
         p = PARAMS
@@ -262,6 +289,8 @@ _SYCL_SPACES: dict[str, tuple[dict[str, list[ParamValue]], dict[str, ParamValue]
 
 def sycl_recipe(recipe: Recipe) -> Recipe | None:
     """The SYCL twin of an OpenCL ``recipe`` (same launch and parameters), None if it can't be translated."""
+    if not recipe.sycl_ok:
+        return None
     try:
         kernel = to_sycl(recipe.kernel)
     except Untranslatable:

@@ -49,6 +49,8 @@ class OpSpec:
     outer: int = 0
     R: int = 0
     inner: int = 1
+    #: The dimension reduced (row families; layer norm: the first normalised dimension), >= 0.
+    dim: int = 0
     eps: float = 0.0
     reduce_op: str = ""
     affine: bool = False
@@ -76,23 +78,42 @@ def load_reference(problem: ProblemSummary) -> types.ModuleType:
     return module
 
 
-def _module_ctor(mod: nn.Module) -> str:
-    """Python constructor text for a parameter module (recreates its RNG draws in order)."""
+def _module_ctor(mod: nn.Module, args: dict[str, str] | None = None) -> str:
+    """Python constructor text for a parameter module (recreates its RNG draws in order).
+
+    ``args`` maps a constructor argument to the Python text that computes it in ``ModelNew.__init__``
+    (``init_inputs[i]``), so a module sized by the init inputs follows them at any shape.
+    """
+    a = args or {}
     if isinstance(mod, nn.Linear):
-        return f"nn.Linear({mod.in_features}, {mod.out_features}, bias={mod.bias is not None})"
+        return (f"nn.Linear({a.get('in_features', mod.in_features)}, {a.get('out_features', mod.out_features)}, "
+                f"bias={mod.bias is not None})")
     if isinstance(mod, nn.Conv2d):
         return (
-            f"nn.Conv2d({mod.in_channels}, {mod.out_channels}, {mod.kernel_size[0]}, stride={mod.stride[0]}, "
-            f"padding={mod.padding[0]}, groups={mod.groups}, bias={mod.bias is not None})"
+            f"nn.Conv2d({a.get('in_channels', mod.in_channels)}, {a.get('out_channels', mod.out_channels)}, "
+            f"{a.get('kernel_size', mod.kernel_size[0])}, stride={a.get('stride', mod.stride[0])}, "
+            f"padding={a.get('padding', mod.padding[0])}, groups={a.get('groups', mod.groups)}, "
+            f"bias={mod.bias is not None})"
         )
     if isinstance(mod, nn.LayerNorm):
         return (
-            f"nn.LayerNorm({tuple(mod.normalized_shape)!r}, eps={mod.eps!r}, "
+            f"nn.LayerNorm({a.get('normalized_shape', repr(tuple(mod.normalized_shape)))}, eps={mod.eps!r}, "
             f"elementwise_affine={mod.elementwise_affine})"
         )
     raise GeneratorUnsupported(
         f"offline generator: parameter module {type(mod).__name__} is not in the cookbook"
     )
+
+
+def _ctor_values(mod: nn.Module) -> dict[str, Any]:
+    if isinstance(mod, nn.Linear):
+        return {"in_features": mod.in_features, "out_features": mod.out_features}
+    if isinstance(mod, nn.Conv2d):
+        return {"in_channels": mod.in_channels, "out_channels": mod.out_channels, "kernel_size": mod.kernel_size[0],
+                "stride": mod.stride[0], "padding": mod.padding[0], "groups": mod.groups}
+    if isinstance(mod, nn.LayerNorm):
+        return {"normalized_shape": tuple(mod.normalized_shape)}
+    return {}
 
 
 class _Trace:
@@ -102,7 +123,9 @@ class _Trace:
             if not hasattr(ref, name):
                 raise GeneratorUnsupported(f"offline generator: the reference has no {name}")
         torch.manual_seed(0)
-        self.model: nn.Module = ref.Model(*ref.get_init_inputs())
+        self.ref = ref
+        self.init_inputs = list(ref.get_init_inputs())
+        self.model: nn.Module = ref.Model(*self.init_inputs)
         self.inputs = [x for x in ref.get_inputs()]
         try:
             self.gm = fx.symbolic_trace(self.model)
@@ -120,6 +143,35 @@ class _Trace:
         self.modules = [
             m for m in self.model.modules() if m is not self.model and list(m.parameters(recurse=False))
         ]
+
+    def ctors(self) -> list[str]:
+        """Constructor lines of the parameter modules, their sizes read from ``init_inputs`` where they come
+        from there: found by building the reference again with one integer init input changed at a time."""
+        named = [(n, m) for n, m in self.model.named_modules() if m in self.modules]
+        args: dict[str, dict[str, str]] = {n: {} for n, _ in named}
+        for n, m in named:
+            for arg, value in _ctor_values(m).items():
+                for i, v in enumerate(self.init_inputs):
+                    if isinstance(v, tuple | list) and tuple(v) == value:
+                        args[n].setdefault(arg, f"tuple(init_inputs[{i}])")
+        for i, v in enumerate(self.init_inputs):
+            if not isinstance(v, int) or isinstance(v, bool):
+                continue
+            changed = [*self.init_inputs[:i], v + 1, *self.init_inputs[i + 1 :]]
+            try:
+                other = dict(self.ref.Model(*changed).named_modules())
+            except Exception:
+                continue
+            for n, m in named:
+                if n not in other or type(other[n]) is not type(m):
+                    continue
+                before, after = _ctor_values(m), _ctor_values(other[n])
+                for arg, value in before.items():
+                    if isinstance(value, int) and after.get(arg) == value + 1:
+                        args[n].setdefault(arg, f"init_inputs[{i}]")
+                    elif isinstance(value, tuple) and len(value) == 1 and after.get(arg) == (value[0] + 1,):
+                        args[n].setdefault(arg, f"(init_inputs[{i}],)")
+        return [_module_ctor(m, args[n]) for n, m in named]
 
     def shape(self, node: Any) -> list[int]:
         meta = node.meta.get("tensor_meta")
@@ -230,7 +282,7 @@ def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         K=K,
         linear=is_linear,
         bias=bool(is_linear and mod is not None and mod.bias is not None),
-        modules=[_module_ctor(m) for m in t.modules],
+        modules=t.ctors(),
         param_module=str(node.target) if is_linear else "",
     )
 
@@ -281,9 +333,10 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
             outer=x.numel() // r,
             R=r,
             inner=1,
+            dim=len(shape) - len(ln.normalized_shape),
             eps=float(ln.eps),
             affine=ln.elementwise_affine,
-            modules=[_module_ctor(m) for m in t.modules],
+            modules=t.ctors(),
             param_module=str(target),
         )
     fam = None
@@ -299,7 +352,8 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
             raise GeneratorUnsupported(
                 f"offline generator: {fam} over a non-last dimension is not in the cookbook"
             )
-        return OpSpec(family=fam, input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=1)
+        return OpSpec(family=fam, input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=1,
+                      dim=int(_dim_arg(node)) % len(shape))
     op = _REDUCE.get(target) if node.op == "call_function" else None
     if node.op == "call_method":
         op = _REDUCE_METHODS.get(target)
@@ -314,7 +368,8 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         raise GeneratorUnsupported("offline generator: full reductions are not in the cookbook")
     outer, r, inner = _split(shape, dim)
     return OpSpec(
-        family="reduce", input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=inner, reduce_op=op
+        family="reduce", input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=inner, reduce_op=op,
+        dim=dim % len(shape),
     )
 
 
@@ -342,6 +397,7 @@ def _rms_norm(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         outer=outer,
         R=r,
         inner=inner,
+        dim=int(dim) % len(shape),
         eps=eps[0] if eps else 0.0,
     )
 
@@ -362,7 +418,7 @@ def _depthwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     dims = {"N": n, "C": c, "H": h, "W": w, "KS": conv.kernel_size[0], "stride": conv.stride[0],
             "pad": conv.padding[0], "OH": out[2], "OW": out[3]}
     return OpSpec(family="depthwise_conv2d", input_shapes=[[n, c, h, w]], output_shape=out, dims=dims,
-                  bias=conv.bias is not None, modules=[_module_ctor(m) for m in t.modules],
+                  bias=conv.bias is not None, modules=t.ctors(),
                   param_module=str(anchors[0].target))
 
 
@@ -375,7 +431,7 @@ def _rotary(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         return None
     for axis in [a for a in range(x.dim() - 1) if x.shape[a] == cos.shape[0]]:
         dims = {"S": x.shape[axis], "half": cos.shape[1], "inner": math.prod(x.shape[axis + 1 : -1]),
-                "outer": math.prod(x.shape[:axis])}
+                "outer": math.prod(x.shape[:axis]), "axis": axis}
         spec = OpSpec(family="rotary", input_shapes=[list(i.shape) for i in t.inputs], output_shape=list(x.shape),
                       dims=dims)
         expected = spec_reference(spec, t.model, t.inputs)

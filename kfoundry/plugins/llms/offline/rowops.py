@@ -32,16 +32,20 @@ class RowOp:
 
 def row_op(spec: OpSpec, lang: str) -> RowOp:
     f = lambda name: fn(name, lang)  # noqa: E731
-    R = lit(float(spec.R))
+    R = "(float)R"
     eps = lit(spec.eps)
     if spec.family in ("softmax", "log_softmax"):
+        # NaN and infinities as torch's two-pass softmax: a max that does not move rescales by exactly 1
+        # (no exp(inf - inf)), a -inf element adds 0 (no exp(-inf - -inf)); +inf and NaN make the row NaN.
         acc = (
             f"{{ float m_new = {f('fmax')}(running_max, x); "
-            f"running_sum = running_sum * {f('exp')}(running_max - m_new) + {f('exp')}(x - m_new); running_max = m_new; }}"
+            f"running_sum = running_sum * (running_max == m_new ? 1.0f : {f('exp')}(running_max - m_new)) "
+            f"+ (x == -INFINITY ? 0.0f : {f('exp')}(x - m_new)); running_max = m_new; }}"
         )
         merge = (
-            f"if (running_max_o > -INFINITY) {{ float m_new = {f('fmax')}(running_max, running_max_o); "
-            f"running_sum = running_sum * {f('exp')}(running_max - m_new) + running_sum_o * {f('exp')}(running_max_o - m_new); "
+            f"{{ float m_new = {f('fmax')}(running_max, running_max_o); "
+            f"running_sum = running_sum * (running_max == m_new ? 1.0f : {f('exp')}(running_max - m_new)) "
+            f"+ running_sum_o * (running_max_o == m_new ? 1.0f : {f('exp')}(running_max_o - m_new)); "
             "running_max = m_new; }"
         )
         if spec.family == "softmax":
@@ -71,12 +75,13 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
     if op in ("sum", "mean"):
         result = f"(total / {R})" if op == "mean" else "total"
         return RowOp([("total", "0.0f")], "total += x;", "total += total_o;", "", "", True, result)
+    # torch.amax/amin propagate NaN (fmax/fmin would drop it): a NaN, once taken, is never replaced
     if op == "max":
-        return RowOp([("total", "-INFINITY")], f"total = {f('fmax')}(total, x);",
-                     f"total = {f('fmax')}(total, total_o);", "", "", True, "total")
+        return RowOp([("total", "-INFINITY")], "total = (x > total || x != x) ? x : total;",
+                     "total = (total_o > total || total_o != total_o) ? total_o : total;", "", "", True, "total")
     if op == "min":
-        return RowOp([("total", "INFINITY")], f"total = {f('fmin')}(total, x);",
-                     f"total = {f('fmin')}(total, total_o);", "", "", True, "total")
+        return RowOp([("total", "INFINITY")], "total = (x < total || x != x) ? x : total;",
+                     "total = (total_o < total || total_o != total_o) ? total_o : total;", "", "", True, "total")
     raise ValueError(f"no row algebra for {spec.family}/{op}")
 
 
@@ -87,7 +92,7 @@ def multipass(spec: OpSpec, lang: str, load: str) -> tuple[str, str]:
     """
     f = lambda name: fn(name, lang)  # noqa: E731
     x = load.format(r="r")
-    R = lit(float(spec.R))
+    R = "(float)R"
     if spec.family in ("softmax", "log_softmax"):
         stmts = (
             f"float mx = -INFINITY;\n    for (int r = 0; r < R; ++r) mx = {f('fmax')}(mx, {x});\n"
