@@ -64,6 +64,7 @@ DEFAULT_ENV_ALLOW: tuple[str, ...] = (
     "MKL_*",
     "OPENBLAS_*",
     "POCL_*",
+    "PYOPENCL_*",  # pyopencl sets PYOPENCL_HOME on import; its ICD loader dereferences it
     "OCL_ICD_*",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -317,14 +318,20 @@ def _readable_paths(plan: ConfinementPlan, notes: list[str]) -> list[str]:
     wanted: list[str] = [d for d in _SYSTEM_DIRS if os.path.lexists(d)]
     python = [sys.prefix, sys.base_prefix, sys.exec_prefix]
     python += [p for p in sys.path if p and os.path.isdir(p)]
-    for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if not isinstance(file, str):
-            continue
-        if "." not in name and os.path.basename(file) == "__init__.py":
-            python.append(os.path.dirname(file))  # top-level packages found by path hooks (editable installs)
-        elif file.endswith((".so", ".pyd")):
-            python.append(os.path.dirname(file))
+    known = tuple(p.rstrip("/") + "/" for p in python)
+    extra: set[str] = set()
+    for finder in sys.meta_path:  # packages mapped by an import hook (setuptools' editable installs)
+        mapping = getattr(sys.modules.get(getattr(finder, "__module__", "")), "MAPPING", None)
+        if isinstance(mapping, dict):
+            extra.update(p for p in mapping.values() if isinstance(p, str) and not p.startswith(known))
+    with contextlib.suppress(
+        OSError
+    ):  # shared objects loaded from elsewhere (extension modules, their libraries)
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            file = line[line.find("/") :] if "/" in line else ""
+            if (file.endswith(".so") or ".so." in file) and not file.startswith(known + ("/usr/", "/lib")):
+                extra.add(os.path.dirname(file))
+    python += sorted(extra)
     homes = _home_dirs()
     for path in python:
         real = os.path.realpath(path)
