@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "kfoundry.core.commands.devices",
     "kfoundry.core.commands.replay",
     "kfoundry.core.commands.llm_calls",
+    "kfoundry.core.commands.doctor",
 ]
 
 DEFAULT_COMMAND = "optimize"

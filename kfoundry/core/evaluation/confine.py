@@ -633,10 +633,23 @@ def _environment(rec: _Recorder, plan: ConfinementPlan, scratch: str) -> None:
     kept = {k: v for k, v in os.environ.items() if env_allowed(k, plan.env_allow)}
     kept.update(HOME=f"{scratch}/home", TMPDIR=f"{scratch}/tmp", POCL_CACHE_DIR=f"{scratch}/pocl-cache")
     kept.update(plan.env_set)
-    os.environ.clear()
+    os.environ.clear()  # (on POSIX this is also posix.environ)
+    with contextlib.suppress(AttributeError):
+        _lib().lib.clearenv()
+    _scrub_startup_environment()
     os.environ.update(kept)
     tempfile.tempdir = None  # recomputed from TMPDIR
     rec.in_force["environment"] = True
+
+
+def _scrub_startup_environment() -> None:
+    """Zero the environment strings exec left on the stack (what /proc/self/environ shows)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        raw = Path("/proc/self/stat").read_text()
+        fields = raw[raw.rfind(")") + 2 :].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
+        if 0 < start < end and end - start < 2**20:
+            ctypes.memset(start, 0, end - start)
 
 
 def _close_fds(keep: Iterable[int]) -> None:
