@@ -249,7 +249,8 @@ def test_cuda_recipes_compile_for_sm90(name: str, tmp_path: Path) -> None:
         src = tmp_path / "k.cu"
         src.write_text(recipe.kernel)
         defines = [f"-D{k}={v}" for k, v in recipe.defaults.items()] + ["-DROW_LEN=100"] * recipe.lazy
-        defines += ["-DD_KS=3", "-DD_STRIDE=1", "-DD_PAD=1"] * ("D_KS" in recipe.init_defines)
+        defines += [f"-D{d}=9" for d in ("D_KS", "D_STRIDE", "D_PAD", "D_N", "D_C", "D_H", "D_W", "D_OH", "D_OW")] * (
+            "D_KS" in recipe.init_defines)
         proc = subprocess.run([NVCC, "-arch=sm_90", "--ptx", "-o", str(tmp_path / "k.ptx"), *defines, str(src)],
                               capture_output=True, text=True)
         assert proc.returncode == 0, f"{recipe.name}: {proc.stderr[-2000:]}"

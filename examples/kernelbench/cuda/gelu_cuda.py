@@ -26,7 +26,17 @@ extern "C" __global__ void __launch_bounds__(256) gelu_vec(const float* __restri
         y[j] = gelu(x[j]);
     }
 }
+
+extern "C" __global__ void __launch_bounds__(256) gelu_scalar(const float* __restrict__ x, float* __restrict__ y, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = gelu(x[i]);
+}
 """
+
+
+def _aligned(*tensors):
+    """float4 loads and stores need 16-byte aligned addresses (an input may start anywhere)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 class ModelNew(nn.Module):
@@ -38,6 +48,9 @@ class ModelNew(nn.Module):
         x = x.contiguous()
         y = torch.empty_like(x)
         n = x.numel()
-        blocks = max(1, cdiv(cdiv(n // 4, 2), 256))
-        self.k.gelu_vec(x, y, n, grid=(blocks,), block=(256,))
+        if _aligned(x, y):
+            blocks = max(1, cdiv(cdiv(n // 4, 2), 256))
+            self.k.gelu_vec(x, y, n, grid=(blocks,), block=(256,))
+        else:
+            self.k.gelu_scalar(x, y, n, grid=(max(1, cdiv(n, 256)),), block=(256,))
         return y

@@ -20,13 +20,26 @@ __global__ void gelu_kernel(const float4* __restrict__ x, float4* __restrict__ y
     }
 }
 
+__global__ void gelu_scalar(const float* __restrict__ x, float* __restrict__ y, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
 torch::Tensor gelu_forward(torch::Tensor x) {
-    TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.numel() % 4 == 0, "contiguous CUDA tensor, numel % 4 == 0");
+    TORCH_CHECK(x.is_cuda() && x.is_contiguous(), "contiguous CUDA tensor");
     auto y = torch::empty_like(x);
-    const long long n4 = x.numel() / 4;
-    const int blocks = (int)((n4 + 255) / 256);
-    gelu_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-        reinterpret_cast<const float4*>(x.data_ptr<float>()), reinterpret_cast<float4*>(y.data_ptr<float>()), n4);
+    const long long n = x.numel();
+    if (n == 0) return y;
+    auto stream = at::cuda::getCurrentCUDAStream();
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr<float>()) % 16 == 0
+                         && reinterpret_cast<uintptr_t>(y.data_ptr<float>()) % 16 == 0;
+    if (aligned && n % 4 == 0) {  // float4 loads and stores need 16-byte alignment and whole vectors
+        const long long n4 = n / 4;
+        gelu_kernel<<<(int)((n4 + 255) / 256), 256, 0, stream>>>(
+            reinterpret_cast<const float4*>(x.data_ptr<float>()), reinterpret_cast<float4*>(y.data_ptr<float>()), n4);
+    } else {
+        gelu_scalar<<<(int)((n + 255) / 256), 256, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    }
     return y;
 }
 """

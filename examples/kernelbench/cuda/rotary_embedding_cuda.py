@@ -45,6 +45,11 @@ rope1(const float* __restrict__ x, const float* __restrict__ cs, const float* __
 """
 
 
+def _aligned(*tensors):
+    """float4 loads and stores need 16-byte aligned addresses (an input may start anywhere)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
@@ -56,7 +61,7 @@ class ModelNew(nn.Module):
         half = dim // 2
         y = torch.empty_like(x)
         pairs = batch * seq * heads * half
-        if half % 4 == 0:
+        if half % 4 == 0 and _aligned(x, cos, sin, y):
             self.k.rope4(x, cos, sin, y, pairs // 4, heads, half, seq, grid=(cdiv(pairs // 4, 256),), block=(256,))
         else:
             self.k.rope1(x, cos, sin, y, pairs, heads, half, seq, grid=(cdiv(pairs, 256),), block=(256,))

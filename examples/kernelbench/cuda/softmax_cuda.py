@@ -14,7 +14,7 @@ SRC = r"""
 
 __device__ __forceinline__ void comb(float& m, float& s, float om, float os) {
     const float nm = fmaxf(m, om);
-    s = (m == -INFINITY ? 0.0f : s * __expf(m - nm)) + (om == -INFINITY ? 0.0f : os * __expf(om - nm));
+    s = (m == -INFINITY ? 0.0f : s * expf(m - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
     m = nm;
 }
 
@@ -69,7 +69,7 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y) {
     if (m != -INFINITY) {
 #pragma unroll
         for (int p = 0; p < PER; ++p)
-            s += __expf(v[p].x - m) + __expf(v[p].y - m) + __expf(v[p].z - m) + __expf(v[p].w - m);
+            s += expf(v[p].x - m) + expf(v[p].y - m) + expf(v[p].z - m) + expf(v[p].w - m);
     }
     block_comb(m, s);
     if (t == 0) part = make_float2(m, s);
@@ -88,8 +88,8 @@ softmax_cluster(const float* __restrict__ x, float* __restrict__ y) {
     for (int p = 0; p < PER; ++p) {
         const int i = p * BLOCK + t;
         if (i < NV4)
-            yr[i] = make_float4(__expf(v[p].x - M) * inv, __expf(v[p].y - M) * inv,
-                                __expf(v[p].z - M) * inv, __expf(v[p].w - M) * inv);
+            yr[i] = make_float4(expf(v[p].x - M) * inv, expf(v[p].y - M) * inv,
+                                expf(v[p].z - M) * inv, expf(v[p].w - M) * inv);
     }
 }
 
@@ -102,12 +102,17 @@ softmax_stream(const float* __restrict__ x, float* __restrict__ y, long long col
     for (long long i = threadIdx.x; i < cols; i += blockDim.x) comb(m, s, xr[i], 1.0f);
     block_comb(m, s);
     const float inv = 1.0f / s;
-    for (long long i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = __expf(xr[i] - m) * inv;
+    for (long long i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = expf(xr[i] - m) * inv;
 }
 """
 
 BLOCK = 512
 MAX_PER = 8  # float4 per thread kept in registers
+
+
+def _aligned(*tensors):
+    """float4 loads and stores need 16-byte aligned addresses (an input may start anywhere)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 class ModelNew(nn.Module):
@@ -131,7 +136,7 @@ class ModelNew(nn.Module):
         rows, cols = x.shape
         y = torch.empty_like(x)
         cluster, prog = self._program(cols)
-        if cluster and rows <= 65535:
+        if cluster and rows <= 65535 and _aligned(x, y):
             prog.softmax_cluster(x, y, grid=(cluster, rows), block=(BLOCK,))
         else:
             prog.softmax_stream(x, y, cols, grid=(rows,), block=(1024,))

@@ -55,14 +55,32 @@ def _args(spec: OpSpec, lang: str) -> str:
     return f"const float* __restrict__ A, const float* __restrict__ B, {b}float* __restrict__ C, int M, int N, int K"
 
 
+def _tail_kernel(spec: OpSpec, args: str) -> str:
+    """Columns [n_start, N) one work-item each: the columns a vector recipe's whole vectors leave over."""
+    return f"""
+__kernel void matmul_tail({args}, int n_start) {{
+    int n = n_start + get_global_id(0);
+    int m = get_global_id(1);
+    if (m >= M || n >= N) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc += A[m * K + k] * B[k * N + n];
+    C[m * N + n] = {_epi_call(spec, "acc", "n")};
+}}
+"""
+
+
 def _forward(
-    spec: OpSpec, grid: str, block: str, fallback: tuple[str, str, str] | None = None
+    spec: OpSpec, grid: str, block: str, fallback: tuple[str, str, str] | None = None, width: str = ""
 ) -> tuple[str, list[str]]:
     """``forward``: M, N, K from the inputs. ``fallback`` (kernel, grid, condition): where the condition or
     16-byte alignment of B and C fails, that kernel (a scalar one in the same program) runs instead."""
     a, b = ("x", "wt") if spec.linear else ("a", "b")
     bias = "self.m0.bias, " if spec.bias else ""
     call = f"self.prog.matmul({a}, {b}, {bias}c, M, N, K, grid={grid}, block={block})"
+    if width:  # the kernel covers the first NF columns (whole vectors, the grid sized by NF); matmul_tail the rest
+        call = (f"NF = N - N % ({width})\nif NF:\n    {call}\nif NF < N:\n"
+                f"    self.prog.matmul_tail({a}, {b}, {bias}c, M, N, K, NF, grid=(N - NF, _cdiv(M, 16), 1), "
+                "block=(1, 16, 1))")
     if fallback is not None:
         name, fgrid, cond = fallback
         call = (f"if {cond} and _aligned({b}, c):\n    {call}\nelse:\n"
@@ -127,19 +145,11 @@ __kernel void matmul({args}) {{
         f"C[m * N + n0 + j] = {_epi_call(spec, 'r[j]', 'n0 + j')};"
     )
     if vws:
-        vec = f"""{OPENCL_VECTOR_HELPERS}{pre}
+        vec = f"""{OPENCL_VECTOR_HELPERS}{pre}{_tail_kernel(spec, args)}
 __kernel void matmul({args}) {{
     int n0 = get_global_id(0) * VW;
     int m = get_global_id(1);
-    if (m >= M || n0 >= N) return;
-    if (n0 + VW > N) {{
-        for (int n = n0; n < N; ++n) {{
-            float a = 0.0f;
-            for (int k = 0; k < K; ++k) a += A[m * K + k] * B[k * N + n];
-            C[m * N + n] = {_epi_call(spec, "a", "n")};
-        }}
-        return;
-    }}
+    if (m >= M || n0 + VW > N) return;  // columns past the last whole vector: matmul_tail
     floatv acc = (floatv)(0.0f);
     for (int k = 0; k < K; ++k) acc += (floatv)(A[m * K + k]) * VLOADV(0, B + k * N + n0);
     {store}
@@ -147,8 +157,8 @@ __kernel void matmul({args}) {{
 """
         body, fargs = _forward(
             spec,
-            "(_cdiv(_cdiv(N, p['VW']), p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
-            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            "(_cdiv(NF // p['VW'], p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)", width="p['VW']",
         )
         out.append(
             Recipe(
@@ -175,20 +185,11 @@ __kernel void matmul({args}) {{
             else "if (m0 + i < M) { float r[VW]; VSTOREV(acc[i], 0, r); for (int j = 0; j < VW; ++j) "
             f"C[(m0 + i) * N + n0 + j] = {_epi_call(spec, 'r[j]', 'n0 + j')}; }}"
         )
-        reg = f"""{OPENCL_VECTOR_HELPERS}{pre}
+        reg = f"""{OPENCL_VECTOR_HELPERS}{pre}{_tail_kernel(spec, args)}
 __kernel void matmul({args}) {{
     int n0 = get_global_id(0) * VW;
     int m0 = get_global_id(1) * TM;
-    if (n0 >= N || m0 >= M) return;
-    if (n0 + VW > N) {{
-        for (int m = m0; m < min(m0 + TM, M); ++m)
-            for (int n = n0; n < N; ++n) {{
-                float a = 0.0f;
-                for (int k = 0; k < K; ++k) a += A[m * K + k] * B[k * N + n];
-                C[m * N + n] = {_epi_call(spec, "a", "n")};
-            }}
-        return;
-    }}
+    if (n0 + VW > N || m0 >= M) return;  // columns past the last whole vector: matmul_tail
     floatv acc[TM];
     #pragma unroll
     for (int i = 0; i < TM; ++i) acc[i] = (floatv)(0.0f);
@@ -205,8 +206,8 @@ __kernel void matmul({args}) {{
 """
         body, fargs = _forward(
             spec,
-            "(_cdiv(_cdiv(N, p['VW']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
-            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            "(_cdiv(NF // p['VW'], p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)", width="p['VW']",
         )
         out.append(
             Recipe(
@@ -354,20 +355,11 @@ def _register_block_2d(spec: OpSpec, pre: str, args: str, vws: list[int]) -> Rec
         "for (int u = 0; u < VW; ++u) "
         f"C[(m0 + i) * N + n0 + j * VW + u] = {_epi_call(spec, 'r[u]', 'n0 + j * VW + u')}; }}"
     )
-    kernel = f"""{OPENCL_VECTOR_HELPERS}{pre}
+    kernel = f"""{OPENCL_VECTOR_HELPERS}{pre}{_tail_kernel(spec, args)}
 __kernel void matmul({args}) {{
     int n0 = get_global_id(0) * VW * NB;
     int m0 = get_global_id(1) * TM;
-    if (n0 >= N || m0 >= M) return;
-    if (n0 + VW * NB > N) {{
-        for (int m = m0; m < min(m0 + TM, M); ++m)
-            for (int n = n0; n < N; ++n) {{
-                float a = 0.0f;
-                for (int k = 0; k < K; ++k) a += A[m * K + k] * B[k * N + n];
-                C[m * N + n] = {_epi_call(spec, "a", "n")};
-            }}
-        return;
-    }}
+    if (n0 + VW * NB > N || m0 >= M) return;  // columns past the last whole block: matmul_tail
     floatv acc[TM][NB];
     #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -396,8 +388,8 @@ __kernel void matmul({args}) {{
     nb0 = 2
     body, fargs = _forward(
         spec,
-        "(_cdiv(_cdiv(N, p['VW'] * p['NB']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
-        "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+        "(_cdiv(NF // (p['VW'] * p['NB']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
+        "(p['BLOCK_X'], p['BLOCK_Y'], 1)", width="p['VW'] * p['NB']",
     )
     return Recipe(
         "matmul/register_block_2d", "matmul", "opencl", kernel, body, fargs,
