@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -254,17 +254,35 @@ def confine(plan: ConfinementPlan) -> ConfinementReport:
             "pid_namespace", "not PID 1 of its own PID namespace (new_pid_namespace() refused or not called)"
         )
     was_root = os.geteuid() == 0
-    mounts_ok = _namespaces(rec, was_root)
-    scratch = _filesystem(rec, plan) if mounts_ok else None
+    scratch = None
+    with _step(rec, "filesystem", "scratch_cap"):
+        if _namespaces(rec, was_root):
+            scratch = _filesystem(rec, plan)
     if scratch is None:
         scratch = _fallback_scratch(was_root)
-    _drop_privileges(rec, was_root)
-    _limits(rec, plan)
-    _environment(rec, plan, scratch)
+    with _step(rec, "unprivileged", "no_new_privs"):
+        _drop_privileges(rec, was_root)
+    with _step(rec, "limits"):
+        _limits(rec, plan)
+    with _step(rec, "environment"):
+        _environment(rec, plan, scratch)
     with contextlib.suppress(OSError):
         os.chdir(scratch)
-    _close_fds(plan.keep_fds)
+    with _step(rec):
+        _close_fds(plan.keep_fds)
     return ConfinementReport(scratch=scratch, in_force=rec.in_force, notes=rec.notes)
+
+
+@contextlib.contextmanager
+def _step(rec: _Recorder, *names: str) -> Iterator[None]:
+    """Run one step; an unexpected error marks ``names`` not in force instead of propagating."""
+    try:
+        yield
+    except Exception as exc:
+        for name in names or ("filesystem",):
+            if not any(note.startswith(name + ":") for note in rec.notes):
+                rec.fail(name, f"{type(exc).__name__}: {exc}")
+            rec.in_force[name] = False
 
 
 def _namespaces(rec: _Recorder, was_root: bool) -> bool:
@@ -273,6 +291,7 @@ def _namespaces(rec: _Recorder, was_root: bool) -> bool:
     if not was_root:
         uid, gid = os.getuid(), os.getgid()
         try:
+            lib.prctl(PR_SET_DUMPABLE, 1)  # else /proc/self/uid_map is root's
             lib.unshare(CLONE_NEWUSER)
             Path("/proc/self/setgroups").write_text("deny")
             Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
