@@ -288,7 +288,8 @@ def test_honest_candidate_is_correct(run: Run, entry_id: str) -> None:
 @pytest.mark.parametrize("entry_id", [e.id for e in CATALOGUE if e.kind == "escape"])
 def test_escape_candidate_verdict(run: Run, entry_id: str) -> None:
     record = run.records[entry_id]
-    assert record.outcome in (Outcome.correct, Outcome.rejected), (
+    # the verdict is not the point (containment is, below); the run must go on and give one
+    assert record.outcome is not Outcome.timeout, (
         f"{entry_id}: {record.outcome.value}: {record.message[:300]}"
     )
 

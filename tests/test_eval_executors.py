@@ -29,7 +29,6 @@ def test_local_executor_runs_jobs_concurrently_in_order() -> None:
             shapes={"N": 512},
             candidate=Candidate(source=p.read_text()),
             evaluation=config.evaluation,
-            seeds=[1, 2],
             backend_plugin="opencl",
         )
         for p in sources
@@ -61,12 +60,11 @@ def test_worker_output_joins_the_log() -> None:
         shapes={"N": 256},
         candidate=Candidate(source=source),
         evaluation=fast_config(trials=1).evaluation,
-        seeds=[7],
         backend_plugin="opencl",
     )
     result = LocalExecutor().run([job])[0]
     assert result.outcome is Outcome.correct, result.message
-    assert "hello from the candidate" in result.log and "trial input seeds: [7]" in result.log
+    assert "hello from the candidate" in result.log and "trial input seeds: [" in result.log
 
 
 def test_sandbox_server_restarts_after_dying() -> None:

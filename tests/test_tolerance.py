@@ -340,3 +340,22 @@ def test_an_8m_element_output_is_compared_in_bounded_chunks() -> None:
     out[(1 << 23) - 5] += 1e-3
     verdict = compare_output(0, out, ref, ref64, None, None)
     assert verdict is not None and f"flat index {(1 << 23) - 5}:" in verdict.message
+
+
+@pytest.mark.parametrize("chunk", [1 << 23, 5000])
+def test_the_one_pass_acceptance_agrees_with_the_full_assessment(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """Outputs accepted without the banded statistics are those ``assess`` passes, across chunk boundaries
+    and with non-finite values in some chunks (which take the masked way)."""
+    import kfoundry.core.evaluation.tolerance as tolerance
+
+    monkeypatch.setattr(tolerance, "COMPARE_CHUNK", chunk)
+    x = torch.exp(torch.randn(20000, generator=_gen(12)) * 4)  # wide dynamic range: the relative pass
+    x64 = x.double() * (1 + 2e-8 * torch.randn(20000, generator=_gen(13), dtype=torch.float64))
+    ref = x64.float()
+    ref[[3, 17000]], x64[[3, 17000]] = math.nan, math.nan
+    for scale, passes in ((3e-7, True), (1e-5, False), (0.0, True)):
+        out = (x64 * (1 + scale * torch.randn(20000, generator=_gen(14), dtype=torch.float64))).float()
+        for finite in (True, False):
+            o, r, t = (out, ref, x64) if not finite else (out[5:16000], ref[5:16000], x64[5:16000])
+            verdict = compare_output(0, o, r, t, None, None)
+            assert (verdict is None) == passes == (assess(o, r, t).worst <= 1)

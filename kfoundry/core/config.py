@@ -124,6 +124,25 @@ class EvaluationConfig(Strict):
         default=10.0, description="Flag a speedup above this for review even if under the roofline."
     )
     cache: bool = Field(default=True, description="Serve repeat evaluations from the store.")
+    max_trials: int = Field(
+        default=100, ge=1, description="Most correctness trials: cheap kernels get more, up to this, within the budget."
+    )
+    correctness_budget_s: float = Field(
+        default=1.0, ge=0, description="Time the extra correctness trials (beyond the required ones) may take."
+    )
+    batch_time_s: float = Field(
+        default=0.01, gt=0, description="Time of one timed batch of calls (each on distinct fresh inputs)."
+    )
+    verified_batches: int = Field(
+        default=8, ge=1, description="Timed batches, chosen at random (and the final one), whose outputs are verified."
+    )
+    verify_per_batch: int = Field(
+        default=1, ge=0, description="Randomly chosen calls of a verified batch that are checked besides its last call."
+    )
+    scratch_mb: int = Field(default=512, ge=16, description="Size cap of the candidate's only writable directory.")
+    max_processes: int = Field(
+        default=512, ge=16, description="Most processes and threads the candidate's process may have."
+    )
 
 
 class ProblemConfig(Strict):

@@ -11,6 +11,7 @@ must move (``bytes_moved``) and compute (``flops``, torch's FLOP counter on the 
 from __future__ import annotations
 
 import contextlib
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,12 +141,16 @@ class Problem:
             if self.native is None:
                 raise CandidateBuildError(f"problem {self.name} is a KernelBench problem; candidate is a native kernel")
             return self.native.make_model(candidate.source, params, load)
-        namespace: dict[str, Any] = {"__name__": "kf_candidate", "PARAMS": dict(params)}
-        try:
-            code = compile(candidate.source, "<candidate>", "exec")
+        module = types.ModuleType("kf_candidate")
+        module.PARAMS = dict(params)  # type: ignore[attr-defined]
+        try:  # dont_inherit: this file's ``from __future__ import annotations`` is not the candidate's
+            code = compile(candidate.source, "<candidate>", "exec", dont_inherit=True)
         except SyntaxError as exc:
             raise CandidateBuildError(f"candidate line {exc.lineno}: syntax error: {exc.msg}") from None
-        exec(code, namespace)
+        # registered so that what looks a class's module up (dataclasses, pickle, typing) finds it
+        sys.modules[module.__name__] = module
+        exec(code, module.__dict__)
+        namespace = module.__dict__
         cls = namespace.get("ModelNew")
         if not isinstance(cls, type) or not issubclass(cls, nn.Module):
             raise CandidateBuildError("candidate defines no ModelNew(nn.Module) class")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
-import secrets
 import tempfile
 import threading
 from pathlib import Path
@@ -110,7 +109,6 @@ class Evaluator:
             backend_plugin=self._backend_plugin,
             device=self._device.index,
             evaluation=self.config.evaluation,
-            seeds=[secrets.randbits(31) for _ in range(self.config.evaluation.trials)],
             lock_path=self.lock_path,
         )
 

@@ -23,8 +23,6 @@ class EvalJob(BaseModel):
     backend_plugin: str | None = None
     device: str | int | None = None
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    #: Fresh input seeds, one per correctness trial.
-    seeds: list[int] = Field(default_factory=list)
     #: File locked around the timing phase: one benchmark per device at a time.
     lock_path: str | None = None
 

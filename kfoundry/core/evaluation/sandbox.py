@@ -27,6 +27,8 @@ from kfoundry.core.models import Outcome
 
 LOG_TAIL = 4000
 START_TIMEOUT_S = 120.0
+#: The judge ends a job at its timeout itself; this is how much longer the sandbox waits before killing it.
+JUDGE_GRACE_S = 15.0
 
 
 class _Waiter:
@@ -35,6 +37,17 @@ class _Waiter:
         self.status: int | None = None
         self.started = threading.Event()
         self.ended = threading.Event()
+
+
+def _server_environment() -> dict[str, str]:
+    """The fork server's environment: the runners' allow-list plus HOME and Python's own variables.
+
+    Runners are forks of the server, so a key the server never had cannot be left in their memory.
+    """
+    from kfoundry.core.evaluation.confine import DEFAULT_ENV_ALLOW, env_allowed
+
+    allow = (*DEFAULT_ENV_ALLOW, "HOME", "USER", "TMPDIR", "PYTHON*", "VIRTUAL_ENV", "KF_*", "TRITON_*")
+    return {k: v for k, v in os.environ.items() if env_allowed(k, allow)}
 
 
 class ForkServer:
@@ -49,7 +62,7 @@ class ForkServer:
     def _ensure(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._fail_all()
-            env = dict(os.environ)
+            env = _server_environment()
             # Spinning OpenMP threads make torch's reference collapse on a busy or small machine.
             env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             # The children import what this process can import (kfoundry from a checkout, plugins...).
@@ -159,6 +172,17 @@ def _kill(pid: int | None) -> None:
             continue
 
 
+def _kill_runner(pid_file: str) -> None:
+    """Kill the job's runner (PID 1 of its namespace: the kernel ends everything in it) if it outlived its judge."""
+    try:
+        pid = int(Path(pid_file).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return
+    if pid > 1:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def run_sandboxed(job: EvalJob) -> JobResult:
     """Run ``job`` in a fresh child process; every failure comes back as a :class:`JobResult`."""
     workdir = tempfile.mkdtemp(prefix="kf-job-")
@@ -172,7 +196,7 @@ def run_sandboxed(job: EvalJob) -> JobResult:
     try:
         waiter.started.wait(START_TIMEOUT_S)
         begun = time.monotonic()
-        finished = waiter.ended.wait(timeout)
+        finished = waiter.ended.wait(timeout + JUDGE_GRACE_S)
         elapsed = time.monotonic() - begun
         if not finished:
             _kill(waiter.pid)
@@ -191,7 +215,8 @@ def run_sandboxed(job: EvalJob) -> JobResult:
         _server.forget(waiter)
         if not waiter.ended.is_set():
             _kill(waiter.pid)
-        for path in (log_path, result_path, result_path + ".tmp"):
+        _kill_runner(result_path + ".runner")
+        for path in (log_path, result_path, result_path + ".tmp", result_path + ".runner"):
             with contextlib.suppress(OSError):
                 os.unlink(path)
         with contextlib.suppress(OSError):

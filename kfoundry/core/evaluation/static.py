@@ -5,6 +5,12 @@ may not reach into the interpreter (``eval``, ``gc``, ``sys``, dispatch-mode int
 inherit from the reference ``Model``, and its ``forward`` may allocate and reshape but not compute
 with torch. Plugins add their own vetoes through ``kf_static_checks``
 (:func:`kfoundry.core.hooks.static_checks`). The runtime guard (:mod:`.guard`) backs these up.
+
+These checks are policy and an early, cheap "no", not the trust boundary: a candidate that gets past
+them (re-exported modules, computed names) still runs only in the confined runner process, which
+holds nothing that judges it (docs/evaluation.md, "Threat model"). So they stay narrow enough not
+to reject honest code: ``getattr`` to pick a kernel variant, a parameter named ``input`` and
+``kfoundry.runtime.synchronize()`` are allowed.
 """
 
 from __future__ import annotations
@@ -22,15 +28,15 @@ ALLOWED_IMPORTS = {
 CUDA_IMPORTS = {"torch.utils.cpp_extension"}
 
 BANNED_NAMES = {
-    "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
-    "open", "breakpoint", "__builtins__", "input", "memoryview",
+    "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "setattr", "delattr",
+    "open", "breakpoint", "__builtins__", "memoryview",
 }
 
 BANNED_ATTRIBUTES = {
     "_disable_current_modes", "_get_current_dispatch_mode", "__torch_dispatch__", "__torch_function__",
     "_python_dispatch", "_C", "_dynamo", "__globals__", "__code__", "__closure__", "__subclasses__",
     "__dict__", "__class__", "__bases__", "__mro__", "f_back", "f_globals", "modules", "perf_counter",
-    "perf_counter_ns", "synchronize",
+    "perf_counter_ns",
 }
 
 #: torch functions a ``forward`` may call: allocation, views and shape queries.
@@ -81,9 +87,19 @@ def _names(tree: ast.AST) -> list[str]:
     return reasons
 
 
+def _imported_names(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
 def _patching(tree: ast.AST) -> list[str]:
-    """Assignments to attributes of anything but ``self`` (monkey-patching torch, numpy, the harness)."""
+    """Assignments to attributes of imported modules or names (monkey-patching torch, numpy, the harness);
+    the candidate's own objects (``self``, ``cls``, its classes and instances) are its own business."""
     reasons: list[str] = []
+    imported = _imported_names(tree)
     for node in ast.walk(tree):
         targets: list[ast.AST] = []
         if isinstance(node, ast.Assign):
@@ -92,7 +108,7 @@ def _patching(tree: ast.AST) -> list[str]:
             targets = [node.target]
         for target in targets:
             for sub in ast.walk(target):
-                if isinstance(sub, ast.Attribute) and _dotted(sub).split(".")[0] not in ("self", ""):
+                if isinstance(sub, ast.Attribute) and _dotted(sub).split(".")[0] in imported:
                     line = getattr(node, "lineno", "?")
                     reasons.append(f"line {line}: assignment to {_dotted(sub)} (patching) is not allowed")
     return reasons

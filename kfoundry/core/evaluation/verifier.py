@@ -109,6 +109,34 @@ def check_trial(
     return None
 
 
+def check_outputs(
+    outputs: Sequence[Any],
+    references: Sequence[Any],
+    references64: Sequence[Any] | None,
+    atol: float | None,
+    rtol: float | None,
+) -> Verdict | None:
+    """The first failure among outputs the judge read (shapes, dtypes and devices already checked):
+    constant output where the reference varies, then values against the float64 ground truth with a
+    tolerance calibrated on the reference's own error (:func:`~.tolerance.compare_output`)."""
+    from kfoundry.core.evaluation.tolerance import compare_output
+
+    if len(outputs) != len(references):
+        return Verdict(Outcome.wrong_shape, f"returned {len(outputs)} outputs, expected {len(references)}")
+    for i, (out, ref) in enumerate(zip(outputs, references, strict=True)):
+        if not isinstance(ref, torch.Tensor):
+            continue
+        if _is_constant(out) and not _is_constant(ref) and not bool(_isnan(ref).all() if ref.dtype.is_floating_point else False):
+            return Verdict(Outcome.rejected, f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies")
+        ref64 = None
+        if references64 is not None and i < len(references64) and isinstance(references64[i], torch.Tensor):
+            ref64 = references64[i]
+        verdict = compare_output(i, out, ref, ref64, atol, rtol)
+        if verdict is not None:
+            return verdict
+    return None
+
+
 def _mismatches(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[int, int] | None:
     """(elements outside ``atol + rtol * |ref|``, flat index of the worst), or None when all are close.
 

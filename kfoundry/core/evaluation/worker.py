@@ -1,61 +1,61 @@
-"""The cascade inside the sandboxed worker process: build (compile) → correctness → timing.
+"""The trusted side of one job: the judge.
 
-:func:`execute` runs one :class:`EvalJob` in the current process and returns a :class:`JobResult`;
-the sandbox (:mod:`.sandbox`) calls it in a fresh child process so the candidate can patch nothing
-that outlives it.
+:func:`execute` runs in a fresh child of the fork server (:mod:`.zygote`). Before it reads a seed or
+builds a reference it forks the runner (:mod:`.runner`) — the process that executes the candidate,
+confined and in its own PID namespace — and from then on it holds everything the candidate must not
+reach: the trial seeds, the reference model and its outputs (float32 and float64), the checker and
+the clock. Per call the judge
+
+1. writes fresh inputs into the shared arena while the runner is frozen (SIGSTOP),
+2. starts its own clock, thaws the runner, asks for the call(s), stops the clock at the answer and
+   freezes the runner again — so no candidate code runs outside a clocked call, and work left
+   running when the answer comes is still undone when the judge looks,
+3. reads the outputs straight out of the frozen runner's memory and checks them.
+
+Correctness runs many trials (the problem's inputs, boundary shapes, unaligned starts, signed,
+normal, huge, tiny and NaN/Inf inputs, more for cheap kernels within a time budget); timing runs
+batches of calls on distinct fresh inputs and verifies a random sample of every batch, plus its last
+call, so timed calls cannot skip work unseen.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import traceback
+import os
+import secrets
+import signal
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kfoundry import runtime
-from kfoundry.core.backend import Backend, CompileFailed, KernelModule
 from kfoundry.core.errors import KfError
-from kfoundry.core.evaluation.guard import ForwardGuard
+from kfoundry.core.evaluation import confine, procmem
+from kfoundry.core.evaluation.arena import ARENA_NAME, DTYPES, Arena, view_of
+from kfoundry.core.evaluation.channel import Channel, ChannelClosed, ChannelTimeout, channel_pair
 from kfoundry.core.evaluation.jobs import EvalJob, JobResult
-from kfoundry.core.evaluation.timer import _clock_ns, measure
-from kfoundry.core.evaluation.verifier import Verdict, check_independence, check_trial
-from kfoundry.core.models import Outcome
-from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list, load_problem
+from kfoundry.core.evaluation.timer import _clock_ns, summarize
+from kfoundry.core.evaluation.tolerance import float64_reference
+from kfoundry.core.evaluation.trials import TrialPlan, TrialSpec, domain_reason, plan_trials, transform_inputs
+from kfoundry.core.evaluation.verifier import Verdict, check_independence, check_outputs
+from kfoundry.core.models import Outcome, TimingStats
+from kfoundry.core.problem import Problem, as_tensor_list, load_problem
 
-#: Most input copies rotated through while timing.
-MAX_ROTATION = 512
-
-
-class _Recorder:
-    """Wraps a backend's ``load`` to keep every module the candidate compiles (logs, resources)."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.modules: list[KernelModule] = []
-        self._load = backend.load
-
-    def __call__(self, source: str, **kwargs: Any) -> KernelModule:
-        module = self._load(source, **kwargs)
-        self.modules.append(module)
-        return module
+#: Most distinct input sets in one timed batch.
+MAX_BATCH = 512
+#: Extra bytes an output may span beyond its dense size before the judge refuses to read it.
+_SPAN_SLACK = 1 << 20
 
 
-def _tb(exc: BaseException) -> str:
-    """Traceback limited to the candidate's own frames where possible."""
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    own = [ln for ln in lines if "<candidate>" in ln or not ln.startswith("  File")]
-    return "".join(own)[-4000:]
+class JobFailed(Exception):
+    """Ends the job with this result."""
 
-
-def build_backend(job: EvalJob) -> Backend:
-    """The job's backend, by name through the plugin registry, with its device selected."""
-    from kfoundry.core.plugins import get_plugin
-
-    backend = get_plugin("backend", job.backend).build(job.backend_options)
-    backend.select_device(job.device)
-    return backend
+    def __init__(self, result: JobResult) -> None:
+        super().__init__(result.message)
+        self.result = result
 
 
 def _clone(values: list[Any]) -> list[Any]:
@@ -64,6 +64,19 @@ def _clone(values: list[Any]) -> list[Any]:
 
 def _nbytes(values: list[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def _describe_status(status: int | None) -> str:
+    if status is None:
+        return "the runner vanished"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
 
 
 @contextlib.contextmanager
@@ -79,175 +92,557 @@ def _device_lock(path: str | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _time(
-    model: Any, problem: Problem, job: EvalJob, backend: Backend, guard: ForwardGuard | None
-) -> tuple[Any, list[list[Any]]]:
-    """Timing stats of ``model`` over rotated input sets, and those input sets."""
-    ev = job.evaluation
-    base = problem.make_inputs(job.seeds[0] if job.seeds else 1, backend.torch_device)
-    size = max(1, _nbytes(base))
-    copies = max(1, min(MAX_ROTATION, -(-ev.rotate_bytes // size)))
-    rotation = [base] + [_clone(base) for _ in range(copies - 1)]
+class RunnerHandle:
+    """The judge's grip on the runner process: commands, clock, freeze and kill."""
 
-    def call(i: int) -> object:
-        return model(*rotation[i % copies])
+    def __init__(self, pid: int, chan: Channel, deadline: float, timeout_s: float) -> None:
+        self.pid = pid
+        self.chan = chan
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.status: int | None = None
+        self.frozen = False
 
-    with _device_lock(job.lock_path), torch.no_grad(), (guard or contextlib.nullcontext()):
-        stats = measure(
-            call,
-            backend.synchronize,
-            warmup_s=ev.warmup_s,
-            target_time_s=ev.target_time_s,
-            min_repeats=ev.min_repeats,
-            max_repeats=ev.max_repeats,
-            device_timer=backend.device_timer(),
-        )
-    return stats, rotation
+    def _left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
 
-
-def _verify_after_timing(
-    model: Any, reference: Any, inputs: list[Any], problem: Problem, job: EvalJob, backend: Backend
-) -> Verdict | None:
-    """Refill a timed input set in place (same memory, fresh values) and check the candidate once more.
-
-    Catches results cached across calls (keyed by tensor address or call count) and kernels that
-    behave differently once the correctness trials are over.
-    """
-    fresh = problem.make_inputs((job.seeds[-1] if job.seeds else 0) + 7919, backend.torch_device)
-    for old, new in zip(inputs, fresh, strict=True):
-        if isinstance(old, torch.Tensor):
-            old.copy_(new)
-    snapshots = _clone(inputs)
-    with torch.no_grad():
-        refs = as_tensor_list(reference(*_clone(inputs)))
-        with ForwardGuard(poison_fresh=True) as guard:
-            outs = as_tensor_list(model(*inputs))
-        backend.synchronize()
-    if guard.threads:
-        return Verdict(Outcome.rejected, _threads_message(guard))
-    return check_trial(outs, refs, inputs, snapshots, job.evaluation.atol, job.evaluation.rtol)
-
-
-def _threads_message(guard: ForwardGuard) -> str:
-    names = ", ".join(dict.fromkeys(guard.threads))
-    return f"forward started a thread ({names}): work that can finish after the clock stops is not allowed"
-
-
-def _reference_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult:
-    model = problem.make_reference().to(backend.torch_device)
-    timing, _ = _time(model, problem, job, backend, None)
-    return JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
-
-
-def _evaluate_job(job: EvalJob, problem: Problem, backend: Backend) -> JobResult:
-    assert job.candidate is not None
-    ev = job.evaluation
-    recorder = _Recorder(backend)
-    backend.load = recorder  # type: ignore[method-assign]
-    start = _clock_ns()
-    try:
-        model = problem.build_candidate(job.candidate, runtime.load, seed=0).to(backend.torch_device)
-    except CompileFailed as exc:
-        return JobResult(outcome=Outcome.compile_error, message=str(exc), log=exc.log)
-    except CandidateBuildError as exc:
-        return JobResult(outcome=Outcome.compile_error, message=str(exc))
-    except Exception as exc:
-        return JobResult(outcome=Outcome.runtime_error, message=f"building ModelNew: {type(exc).__name__}: {exc}", log=_tb(exc))
-    compile_s = (_clock_ns() - start) / 1e9
-    log = "\n".join([f"trial input seeds: {job.seeds}"] + [m.log for m in recorder.modules if m.log])
-    resources: dict[str, Any] = {}
-    for m in recorder.modules:
-        resources.update(m.resources)
-    reference = problem.make_reference().to(backend.torch_device)
-    first: tuple[list[Any], list[Any]] | None = None  # trial 0's outputs and references
-    for trial, seed in enumerate(job.seeds):
-        inputs = problem.make_inputs(seed, backend.torch_device)
-        ref_inputs, snapshots = _clone(inputs), _clone(inputs)
-        refs: list[Any] | None = None
-        if trial % 2 == 0:  # both orders: the reference runs before the candidate, then after it
-            with torch.no_grad():
-                refs = as_tensor_list(reference(*ref_inputs))
-        guard = ForwardGuard(poison_fresh=True)
+    def receive(self) -> dict[str, Any]:
         try:
-            with torch.no_grad(), guard:
-                outs = as_tensor_list(model(*inputs))
-            backend.synchronize()
-        except KfError as exc:
-            return JobResult(outcome=Outcome.runtime_error, message=f"trial {trial}: {exc}", log=log,
-                             compile_time_s=compile_s, resources=resources)
-        except Exception as exc:
-            return JobResult(outcome=Outcome.runtime_error, message=f"trial {trial}: {type(exc).__name__}: {exc}",
-                             log=_tb(exc), compile_time_s=compile_s, resources=resources)
-        if guard.forbidden:
-            return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
-                             message=f"forward computes with torch ({', '.join(guard.forbidden)}): compute must run in a kernel")
-        if guard.threads:
-            return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
-                             message=f"trial {trial}: {_threads_message(guard)}")
-        if refs is None:
-            with torch.no_grad():
-                refs = as_tensor_list(reference(*ref_inputs))
-        verdict = check_trial(outs, refs, inputs, snapshots, ev.atol, ev.rtol)
-        if verdict is not None:
-            return JobResult(outcome=verdict.outcome, message=f"trial {trial}: {verdict.message}", log=log,
-                             compile_time_s=compile_s, resources=resources)
-        if first is None:
-            first = (_clone(outs), refs)
-            continue
-        # each later trial against the first: one stored copy, however many trials
-        verdict = check_independence([first[0], outs], [first[1], refs])
-        if verdict is not None:
-            return JobResult(outcome=verdict.outcome, message=f"trial {trial}: {verdict.message}", log=log,
-                             compile_time_s=compile_s, resources=resources)
-    for m in recorder.modules:  # kernels compiled lazily on the first forward report their resources too
-        resources.update(m.resources)
-    del first
-    guard = ForwardGuard(poison_fresh=False)
-    try:
-        timing, rotation = _time(model, problem, job, backend, guard)
-        verdict = _verify_after_timing(model, reference, rotation[0], problem, job, backend)
-    except Exception as exc:
-        return JobResult(outcome=Outcome.runtime_error, message=f"while timing: {type(exc).__name__}: {exc}",
-                         log=_tb(exc), compile_time_s=compile_s, resources=resources)
-    if guard.forbidden:
-        return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
-                         message=f"forward computes with torch while timed ({', '.join(guard.forbidden)})")
-    if guard.threads:
-        return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
-                         message=f"while timed: {_threads_message(guard)}")
-    if verdict is not None:
-        return JobResult(outcome=Outcome.rejected, compile_time_s=compile_s, resources=resources, log=log,
-                         message=f"wrong after timing (results cached or behaviour changed): {verdict.message}")
-    return JobResult(outcome=Outcome.correct, message=f"correct on {len(job.seeds)} trials", log=log,
-                     timing=timing, compile_time_s=compile_s, resources=resources)
+            return self.chan.recv(timeout=self._left())
+        except ChannelTimeout:
+            self.kill()
+            raise JobFailed(JobResult(outcome=Outcome.timeout, message=f"timed out after {self.timeout_s:g} s (killed)")) from None
+        except ChannelClosed:
+            raise JobFailed(self.crashed()) from None
+
+    def exchange(self, message: dict[str, Any], fds: list[int] | None = None) -> tuple[dict[str, Any], int]:
+        """Send ``message`` to the thawed runner, wait for its answer, freeze it: (answer, clocked ns).
+
+        The clock starts before the runner is thawed and stops when the answer arrives.
+        """
+        t0 = _clock_ns()
+        self.thaw()
+        try:
+            self.chan.send(message, fds)
+        except ChannelClosed:
+            raise JobFailed(self.crashed()) from None
+        reply = self.receive()
+        elapsed = _clock_ns() - t0
+        self.freeze()
+        return reply, elapsed
+
+    def freeze(self) -> None:
+        confine.freeze_tree(self.pid)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen:
+            confine.thaw_tree(self.pid)
+            self.frozen = False
+
+    def alive(self) -> bool:
+        """Whether the runner still runs (reaps it if it ended)."""
+        if self.status is not None:
+            return False
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+        self.status = status
+        return False
+
+    def crashed(self) -> JobResult:
+        self.kill()
+        return JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {_describe_status(self.status)}")
+
+    def kill(self) -> None:
+        if self.status is not None:
+            with contextlib.suppress(Exception):
+                confine.kill_tree(self.pid)
+            return
+        with contextlib.suppress(Exception):
+            confine.kill_tree(self.pid)
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError, OSError):
+            _, self.status = os.waitpid(self.pid, 0)
+
+
+@dataclass
+class Variant:
+    """One shape set of the problem, with its reference on the judge's device."""
+
+    index: int
+    problem: Problem
+    reference: Any
+    label: str
+    ok: bool = True
+
+
+@dataclass
+class Judge:
+    """Everything trusted about one evaluation (see the module docstring)."""
+
+    job: EvalJob
+    runner: RunnerHandle
+    device: str
+    variants: list[Variant]
+    log: list[str] = field(default_factory=list)
+    arena: Arena | None = None
+    slot_keys: dict[tuple[int, bool], int] = field(default_factory=dict)
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    _phase_start: float = field(default_factory=time.monotonic)
+
+    def phase(self, name: str) -> None:
+        """Record the time since the last phase ended (for the log)."""
+        now = time.monotonic()
+        self.phases.append((name, now - self._phase_start))
+        self._phase_start = now
+
+    # -- arena and calls --------------------------------------------------------------------------
+
+    def open_arena(self, capacity: int) -> Arena:
+        if self.arena is not None:
+            self.arena.close()
+        self.arena = Arena(capacity)
+        self.slot_keys = {}
+        reply, _ = self.runner.exchange({"op": "arena", "capacity": self.arena.capacity}, [self.arena.fd])
+        self._expect_ok(reply, "mapping the input arena")
+        return self.arena
+
+    def add_slots(self, values: list[list[Any]], aligned: bool = True) -> list[int]:
+        assert self.arena is not None
+        first = len(self.arena.slots)
+        ids = [self.arena.place(v, aligned) for v in values]
+        reply, _ = self.runner.exchange({"op": "slots", "slots": [self.arena.slots[i].descriptor for i in ids]})
+        self._expect_ok(reply, "building argument views")
+        if self.device != "cpu":
+            reply, _ = self.runner.exchange({"op": "stage", "slots": list(range(first, first + len(ids)))})
+            self._expect_ok(reply, "staging inputs on the device")
+        return ids
+
+    def _expect_ok(self, reply: dict[str, Any], what: str) -> None:
+        if reply.get("ok") is True:
+            return
+        raise JobFailed(self._error_result(reply, what))
+
+    def _error_result(self, reply: dict[str, Any], what: str) -> JobResult:
+        message = str(reply.get("error", "no answer"))[:2000]
+        kind = reply.get("kind")
+        outcome = Outcome.compile_error if kind == "compile_error" else Outcome.runtime_error
+        if "MemoryError" in message or "can't allocate" in message:
+            message = f"out of memory (memory limit reached): {message}"
+        return JobResult(outcome=outcome, message=f"{what}: {message}", log=str(reply.get("log", ""))[-4000:])
+
+    def call(self, variant: int, order: list[int], what: str) -> tuple[list[list[Any]], int, dict[str, Any]]:
+        """Run the given slots on the runner (one clocked exchange): (output descriptors, ns, reply)."""
+        reply, elapsed = self.runner.exchange({"op": "call", "variant": variant, "order": order})
+        if reply.get("ok") is not True:
+            raise JobFailed(self._error_result(reply, what))
+        outs = reply.get("outs")
+        if not isinstance(outs, list) or len(outs) != len(order) or not all(isinstance(o, list) for o in outs):
+            raise JobFailed(JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed"))
+        self._policy(reply, what)
+        return outs, elapsed, reply
+
+    def _policy(self, reply: dict[str, Any], what: str) -> None:
+        forbidden = [str(x) for x in reply.get("forbidden", []) or []][:10]
+        threads = [str(x) for x in reply.get("threads", []) or []][:10]
+        if forbidden:
+            raise JobFailed(JobResult(outcome=Outcome.rejected,
+                                      message=f"forward computes with torch ({', '.join(forbidden)}): compute must run in a kernel"))
+        launches = reply.get("launches")
+        if self.job.kind == "evaluate" and isinstance(launches, int) and launches < 1:
+            raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
+                f"{what}: forward launched no kernel: the work must run in the candidate's kernels")))
+        if threads:
+            names = ", ".join(dict.fromkeys(threads))
+            raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
+                f"{what}: forward started a thread ({names}): work that can finish after the clock stops is not allowed")))
+
+    # -- reading outputs --------------------------------------------------------------------------
+
+    def read_outputs(self, described: list[list[Any]], refs: list[Any], call_index: int) -> list[Any] | Verdict:
+        """The outputs the runner named, read from its frozen memory (or a Verdict if they cannot be)."""
+        if len(described) != len(refs):
+            return Verdict(Outcome.wrong_shape, f"returned {len(described)} outputs, expected {len(refs)}")
+        if self.device != "cpu" and any(d and d[0] == "tensor" and d[-1] != "cpu" for d in described):
+            reply, _ = self.runner.exchange({"op": "fetch", "calls": [call_index]})
+            fetched = reply.get("outs")
+            if reply.get("ok") is not True or not isinstance(fetched, list) or len(fetched) != 1:
+                return Verdict(Outcome.runtime_error, "could not copy the outputs off the device")
+            host = fetched[0]
+            if not isinstance(host, list) or len(host) != len(described):
+                return Verdict(Outcome.runtime_error, "could not copy the outputs off the device")
+        else:
+            host = described
+        maps = procmem.mappings(self.runner.pid)
+        outs: list[Any] = []
+        for i, (d, dev_d, ref) in enumerate(zip(host, described, refs, strict=True)):
+            if not isinstance(ref, torch.Tensor):
+                outs.append(None)
+                continue
+            if not isinstance(d, list) or not d or d[0] != "tensor" or len(d) != 6:
+                kind = d[1] if isinstance(d, list) and len(d) > 1 else "value"
+                return Verdict(Outcome.rejected, f"output {i} is a {kind}, not a plain torch.Tensor")
+            _, address, dtype, shape, stride, _device = d
+            if dtype not in DTYPES or not _ints(shape) or not _ints(stride) or not isinstance(address, int):
+                return Verdict(Outcome.rejected, f"output {i}: malformed description")
+            if list(shape) != list(ref.shape):
+                return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(shape)}, expected {list(ref.shape)}")
+            if DTYPES[dtype] != ref.dtype:
+                return Verdict(Outcome.mismatch, f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}")
+            expected_device = torch.device(self.device)
+            if torch.device(dev_d[-1]).type != expected_device.type:
+                return Verdict(Outcome.mismatch, f"output {i} is on {dev_d[-1]}, expected {self.device}")
+            itemsize = ref.element_size()
+            numel = ref.numel()
+            if numel == 0:
+                outs.append(torch.empty(ref.shape, dtype=ref.dtype, device=self.device))
+                continue
+            if any(s < 0 for s in stride):
+                return Verdict(Outcome.rejected, f"output {i} has negative strides")
+            span = (sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1) * itemsize
+            if span > numel * itemsize + _SPAN_SLACK:
+                return Verdict(Outcome.rejected, f"output {i} spans {span} bytes for {numel} elements")
+            if dev_d[-1] == "cpu" and procmem.overlaps(maps, ARENA_NAME, address, address + span) and not _aliases(ref):
+                return Verdict(Outcome.rejected, f"output {i} aliases an input (the reference's does not)")
+            try:
+                raw = procmem.read_memory(self.runner.pid, address, span)
+            except procmem.MemoryReadError as exc:
+                if not self.runner.alive():
+                    raise JobFailed(self.runner.crashed()) from None
+                return Verdict(Outcome.runtime_error, f"output {i}: {exc}")
+            flat = view_of(raw, 0, ref.dtype, [span // itemsize])
+            tensor = flat.as_strided(shape, stride).contiguous()
+            outs.append(tensor.to(self.device) if self.device != "cpu" else tensor)
+        return outs
+
+    # -- checks -----------------------------------------------------------------------------------
+
+    def reference(self, variant: Variant, inputs: list[Any]) -> tuple[list[Any], list[Any] | None]:
+        with torch.no_grad():
+            refs = as_tensor_list(variant.reference(*_clone(inputs)))
+        return refs, float64_reference(variant.reference, inputs)
+
+    def check_call(
+        self, variant: Variant, slot: int, inputs: list[Any], described: list[list[Any]], call_index: int,
+        refs: list[Any], ref64: list[Any] | None,
+    ) -> tuple[list[Any] | None, Verdict | None]:
+        outs = self.read_outputs(described, refs, call_index)
+        if isinstance(outs, Verdict):
+            return None, outs
+        assert self.arena is not None
+        changed = self.arena.unchanged(slot, inputs)
+        if changed is not None:
+            return None, Verdict(Outcome.rejected, f"the candidate modified input {changed}")
+        ev = self.job.evaluation
+        verdict = check_outputs(outs, refs, ref64, ev.atol, ev.rtol)
+        return outs, verdict
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def _aliases(ref: torch.Tensor) -> bool:
+    """Whether the reference's own output shares memory with an input (then aliasing is honest)."""
+    return bool(getattr(ref, "_kf_aliases_input", False))
 
 
 def _strict_fp32() -> None:
-    """fp32 means fp32: no TF32 in the reference's matmuls or cuDNN convolutions (torch's default for
-    convolutions), so a strictly fp32 kernel is not judged against a lower-precision answer and the
-    eager baseline is not flattered."""
+    """fp32 means fp32: no TF32 in the reference's matmuls or cuDNN convolutions."""
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
 
-def execute(job: EvalJob) -> JobResult:
-    """Run one job in this process (the sandbox calls this in a fresh child)."""
+def _fork_runner(job: EvalJob, deadline: float) -> RunnerHandle:
+    from kfoundry.core.evaluation.runner import runner_main
+
+    own_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    separate = confine.new_pid_namespace()
+    judge_end, runner_end = channel_pair()
+    pid = os.fork()
+    if pid == 0:  # the runner: never returns
+        judge_end.close()
+        os.close(own_namespace)
+        runner_main(runner_end, job)
+    runner_end.close()
+    if separate:  # back to our own namespace for later children: a process whose children would land
+        # in another PID namespace cannot start threads (torch's OpenMP pool would fail)
+        _setns(own_namespace)
+    os.close(own_namespace)
+    return RunnerHandle(pid, judge_end, deadline, job.evaluation.timeout_s)
+
+
+def _setns(fd: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, 0x20000000) != 0:  # CLONE_NEWPID
+        raise OSError(ctypes.get_errno(), "setns back to the judge's PID namespace failed")
+
+
+def _variant_label(problem: Problem, base: Problem) -> str:
+    changed = {k: v for k, v in problem.shapes.items() if base.shapes.get(k) != v}
+    return ", ".join(f"{k}={v}" for k, v in changed.items()) or "the problem's shapes"
+
+
+def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, dict[str, Any]]:
+    """Load the problem variants, tell the runner to build, wait until it has."""
+    problems = [load_problem(job.problem_path, shapes) for shapes in plan.variants]
+    runner.chan.send({"variants": plan.variants})
+    ready = runner.receive()
+    if ready.get("op") != "ready":
+        raise JobFailed(JobResult(outcome=Outcome.runtime_error, message=f"setup: {ready.get('error', 'runner did not start')}",
+                                  log=str(ready.get("log", ""))))
+    device = str(ready.get("torch_device", "cpu"))
+    built = runner.receive()  # candidate code runs from here on: nothing it says is trusted
+    runner.freeze()
+    variants = []
+    for i, problem in enumerate(problems):
+        reference = problem.make_reference().to(device)
+        variants.append(Variant(i, problem, reference, _variant_label(problem, problems[0])))
+    judge = Judge(job, runner, device, variants)
+    missing = [k for k, v in (ready.get("in_force") or {}).items() if not v]
+    if missing:
+        judge.log.append("sandbox protections not in force: " + ", ".join(missing) + "; " + "; ".join(ready.get("notes") or []))
+    if built.get("ok") is not True:
+        raise JobFailed(judge._error_result(built, "build"))
+    for note in built.get("notes") or []:
+        idx = _variant_index(str(note))
+        if idx is not None and 0 < idx < len(variants):
+            variants[idx].ok = False
+        judge.log.append(f"shape variant skipped (the candidate does not build there): {str(note)[:300]}")
+    return judge, built
+
+
+def _variant_index(note: str) -> int | None:
+    head = note.split(":", 1)[0].removeprefix("variant ").strip()
+    return int(head) if head.isdigit() else None
+
+
+# -- correctness --------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    variant: int
+    distribution: str
+    aligned: bool
+    label: str
+
+
+def _trial_list(job: EvalJob, plan: TrialPlan) -> list[Trial]:
+    base = [Trial(0, "problem", True, f"trial {i}") for i in range(job.evaluation.trials)]
+    structured = [Trial(s.variant, s.distribution, s.aligned, s.label or _spec_label(s)) for s in plan.structured]
+    return base + structured
+
+
+def _spec_label(spec: TrialSpec) -> str:
+    return f"variant {spec.variant}, {spec.distribution} inputs" + ("" if spec.aligned else ", unaligned")
+
+
+def _correctness(judge: Judge, plan: TrialPlan) -> str:
+    """Every correctness trial; raises JobFailed at the first failure; returns a summary line."""
+    ev = judge.job.evaluation
+    trials = _trial_list(judge.job, plan)
+    sizes: dict[tuple[int, bool], int] = {}
+    sample_inputs: dict[int, list[Any]] = {}
+    for v in judge.variants:
+        sample_inputs[v.index] = v.problem.make_inputs(0, judge.device)
+    for t in trials:
+        key = (t.variant, t.aligned)
+        sizes[key] = _nbytes(sample_inputs[t.variant]) + 64 * (len(sample_inputs[t.variant]) + 1)
+    judge.open_arena(sum(sizes.values()) + 4096)
+    generator = torch.Generator().manual_seed(secrets.randbits(63))
+    seeds: list[int] = []
+    first: dict[int, tuple[list[Any], list[Any]]] = {}
+    counts = {"trials": 0, "skipped": 0}
+    kinds: set[str] = set()
+    started = time.monotonic()
+    extra = 0
+    index = 0
+    while True:
+        if index < len(trials):
+            trial = trials[index]
+        elif extra < ev.max_trials - len(trials) and time.monotonic() - started < ev.correctness_budget_s:
+            trial = Trial(0, "problem", True, f"extra trial {extra}")
+            extra += 1
+        else:
+            break
+        index += 1
+        variant = judge.variants[trial.variant]
+        if not variant.ok:
+            continue
+        seed = secrets.randbits(31)
+        seeds.append(seed)
+        inputs = variant.problem.make_inputs(seed, judge.device)
+        inputs = transform_inputs(inputs, trial.distribution, generator)
+        refs, ref64 = judge.reference(variant, inputs)
+        _mark_aliasing(refs, inputs)
+        if trial.distribution not in ("problem", "nonfinite"):
+            reason = domain_reason(refs, ref64)
+            if reason is not None:
+                counts["skipped"] += 1
+                judge.log.append(f"{trial.label}: skipped ({reason})")
+                continue
+        key = (trial.variant, trial.aligned)
+        if key not in judge.slot_keys:
+            judge.slot_keys[key] = judge.add_slots([inputs], trial.aligned)[0]
+        slot = judge.slot_keys[key]
+        assert judge.arena is not None
+        judge.arena.write(slot, inputs)
+        where = f"{trial.label} ({variant.label})" if trial.variant else trial.label
+        described, _, _ = judge.call(trial.variant, [slot], where)
+        outs, verdict = judge.check_call(variant, slot, inputs, described[0], 0, refs, ref64)
+        if verdict is not None:
+            judge.log.insert(0, f"trial input seeds: {seeds}")
+            raise JobFailed(JobResult(outcome=verdict.outcome, message=f"{where}: {verdict.message}"))
+        counts["trials"] += 1
+        kinds.add(trial.distribution + ("" if trial.aligned else " unaligned"))
+        if trial.distribution == "problem" and outs is not None:
+            if trial.variant not in first:
+                first[trial.variant] = (outs, refs)
+            else:
+                verdict = check_independence([first[trial.variant][0], outs], [first[trial.variant][1], refs])
+                if verdict is not None:
+                    raise JobFailed(JobResult(outcome=verdict.outcome, message=f"{where}: {verdict.message}"))
+    judge.log.insert(0, f"trial input seeds: {seeds}")
+    shapes = [v.label for v in judge.variants if v.ok]
+    if plan.fixed_shape_reason:
+        judge.log.append(f"no other shapes tried: {plan.fixed_shape_reason}")
+    return (f"correct on {counts['trials']} trials ({len(shapes)} shape set{'s' if len(shapes) != 1 else ''}; "
+            f"inputs: {', '.join(sorted(kinds))})")
+
+
+def _mark_aliasing(refs: list[Any], inputs: list[Any]) -> None:
+    storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+    for r in refs:
+        if isinstance(r, torch.Tensor) and r.numel() and r.untyped_storage().data_ptr() in storages:
+            r._kf_aliases_input = True  # type: ignore[attr-defined]
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+
+def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
+    """Batches of calls on distinct fresh inputs, clocked by the judge: (stats, calls, verified calls)."""
+    ev = judge.job.evaluation
+    variant = judge.variants[0]
+    sample = variant.problem.make_inputs(secrets.randbits(31), judge.device)
+    per_set = max(1, _nbytes(sample))
+    capacity_sets = int(max(1, min(MAX_BATCH, max(ev.rotate_bytes, per_set) // per_set)))
+    judge.open_arena(capacity_sets * (per_set + 64 * (len(sample) + 1)) + 4096)
+    slots = judge.add_slots([sample])
+    current = [sample]
+    rng = secrets.SystemRandom()
+
+    def refill(ids: list[int]) -> list[list[Any]]:
+        sets = []
+        assert judge.arena is not None
+        for s in ids:
+            values = variant.problem.make_inputs(secrets.randbits(31), judge.device)
+            judge.arena.write(s, values)
+            sets.append(values)
+        return sets
+
+    # warm-up, one call at a time, fresh inputs each call
+    warm: list[float] = []
+    start = time.monotonic()
+    while len(warm) < 2 or time.monotonic() - start < ev.warmup_s:
+        current = refill(slots[:1])
+        _, ns, _ = judge.call(0, slots[:1], "warm-up")
+        warm.append(ns / 1e9)
+    per_call = sorted(warm)[len(warm) // 2]
+    batch = int(min(capacity_sets, max(1, -(-ev.batch_time_s // max(per_call, 1e-9)))))
+    if batch > len(slots):
+        more = [variant.problem.make_inputs(secrets.randbits(31), judge.device) for _ in range(batch - len(slots))]
+        slots += judge.add_slots(more)
+    slots = slots[:batch]
+    repeats = int(min(ev.max_repeats, max(ev.min_repeats, -(-ev.target_time_s // max(per_call * batch, 1e-9)))))
+    samples: list[float] = []
+    verified = 0
+    calls = 0
+    chance = min(1.0, ev.verified_batches / repeats)
+    for r in range(repeats):
+        current = refill(slots)
+        described, ns, _ = judge.call(0, slots, "while timed")
+        samples.append(ns / 1e6 / batch)
+        calls += batch
+        # the final batch always (work left running past its answer is caught), others at random
+        if not verify or (r < repeats - 1 and rng.random() >= chance):
+            continue
+        picks = {batch - 1} | set(rng.sample(range(batch), min(ev.verify_per_batch, batch)))
+        for k in sorted(picks):
+            refs, ref64 = judge.reference(variant, current[k])
+            _mark_aliasing(refs, current[k])
+            _, verdict = judge.check_call(variant, slots[k], current[k], described[k], k, refs, ref64)
+            verified += 1
+            if verdict is not None:
+                raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
+                    f"wrong while timed (call {k + 1} of batch {r + 1}; results cached, work skipped or left "
+                    f"running): {verdict.message}")))
+    return summarize(samples), calls, verified
+
+
+# -- the job ------------------------------------------------------------------------------------
+
+
+def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
+    """Run one job: fork the runner, judge it, return the result (the sandbox calls this in a child)."""
     start = _clock_ns()
+    deadline = time.monotonic() + job.evaluation.timeout_s
     _strict_fp32()
+    runner = _fork_runner(job, deadline)
+    if runner_pid_file:
+        with contextlib.suppress(OSError), open(runner_pid_file, "w") as handle:
+            handle.write(str(runner.pid))
+    judge: Judge | None = None
+    built: dict[str, Any] = {}
     try:
-        problem = load_problem(job.problem_path, job.shapes)
-        backend = build_backend(job)
-        runtime.set_backend(backend)
-    except KfError as exc:
-        return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
-    if job.kind == "reference":
         try:
-            result = _reference_job(job, problem, backend)
-        except Exception as exc:
-            result = JobResult(outcome=Outcome.runtime_error, message=f"reference: {type(exc).__name__}: {exc}",
-                               log=traceback.format_exc()[-4000:])
-    else:
-        result = _evaluate_job(job, problem, backend)
+            problem = load_problem(job.problem_path, job.shapes)
+            plan = plan_trials(problem) if job.kind == "evaluate" else TrialPlan([dict(problem.shapes)], None, [])
+        except KfError as exc:
+            return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
+        judge, built = _start(job, runner, plan)
+        compile_s = float(built.get("compile_s") or 0.0)
+        judge.phase("start and build")
+        if job.kind == "reference":
+            with _device_lock(job.lock_path):
+                timing, calls, _ = _timing(judge, verify=False)
+            judge.phase("timing")
+            result = JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
+        else:
+            summary = _correctness(judge, plan)
+            judge.phase("correctness")
+            with _device_lock(job.lock_path):
+                timing, calls, verified = _timing(judge, verify=True)
+            judge.phase("timing")
+            result = JobResult(outcome=Outcome.correct, timing=timing, compile_time_s=compile_s,
+                               message=f"{summary}; {calls} timed calls on fresh inputs, {verified} of them verified")
+    except JobFailed as failed:
+        result = failed.result
+        if built.get("ok"):
+            result.compile_time_s = float(built.get("compile_s") or 0.0)
+    except Exception as exc:
+        import traceback
+
+        result = JobResult(outcome=Outcome.runtime_error, message=f"judge: {type(exc).__name__}: {exc}",
+                           log=traceback.format_exc()[-4000:])
+    finally:
+        runner.kill()
+        if judge is not None and judge.arena is not None:
+            judge.arena.close()
+    if isinstance(built.get("resources"), dict):
+        result.resources = built["resources"]
+    if judge is not None and judge.phases:
+        judge.log.append("judge phases: " + ", ".join(f"{name} {secs:.2f} s" for name, secs in judge.phases))
+    parts = ([*judge.log] if judge else []) + ([str(built.get("log"))] if built.get("log") else []) + ([result.log] if result.log else [])
+    result.log = "\n".join(p for p in parts if p)[-12000:]
     result.wall_s = (_clock_ns() - start) / 1e9
     return result

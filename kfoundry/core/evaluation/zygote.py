@@ -41,7 +41,7 @@ def _child(request: dict[str, Any]) -> None:
         job = EvalJob.model_validate_json(request["job"])
         if job.backend_plugin:
             os.environ["KF_LOAD_PLUGINS"] = job.backend_plugin
-        result = execute(job)
+        result = execute(job, runner_pid_file=request["result"] + ".runner")
     except MemoryError:
         result = JobResult(outcome=Outcome.runtime_error, message="out of memory (memory limit reached)")
     except BaseException as exc:  # the job must always answer

@@ -1,4 +1,4 @@
-"""problem=vector_add shape N=2048 expect=mismatch
+"""problem=vector_add shape N=2048 expect=mismatch|rejected
 Walks caller frames (sys._getframe via the dataclasses.sys re-export, no f_back) to copy the judge's reference output; skips the work when timed."""
 import dataclasses
 

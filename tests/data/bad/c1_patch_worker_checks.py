@@ -1,4 +1,4 @@
-"""problem=vector_add shape N=2048 expect=mismatch
+"""problem=vector_add shape N=2048 expect=mismatch|rejected
 Replaces the worker module's check_trial / check_independence / _verify_after_timing (found in sys.modules through computed names) with no-ops, then writes nothing."""
 import torch
 import torch.nn as nn

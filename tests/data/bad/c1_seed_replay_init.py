@@ -1,4 +1,4 @@
-"""problem=vector_add shape N=2048 expect=mismatch
+"""problem=vector_add shape N=2048 expect=mismatch|rejected
 In __init__ (no guard) reads the job's trial seeds and the problem from caller frames, precomputes the reference for every seed and for the predictable post-timing seed; forward returns the memo and does no work."""
 import dataclasses
 

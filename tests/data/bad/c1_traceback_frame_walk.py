@@ -1,4 +1,4 @@
-"""problem=vector_add shape N=2048 expect=mismatch
+"""problem=vector_add shape N=2048 expect=mismatch|rejected
 Reaches caller frames through an exception's __traceback__.tb_frame and builtins.getattr(frame, 'f_' + 'back') (torch.builtins re-export), copies the reference output when present, skips work otherwise."""
 import torch
 import torch.nn as nn

@@ -1,4 +1,4 @@
-"""problem=vector_add shape N=1048576 expect=mismatch|correct max_speedup=1.5
+"""problem=vector_add shape N=1048576 expect=mismatch|rejected|correct max_speedup=1.5
 Asks torch for the current dispatch mode (_get_current_dispatch_mode via computed names) and grad mode: a poisoning guard means checked; otherwise (timed) no work."""
 import torch
 import torch.nn as nn

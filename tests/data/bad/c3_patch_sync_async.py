@@ -1,4 +1,4 @@
-"""problem=vector_add shape N=1048576 expect=mismatch|correct max_speedup=1.5
+"""problem=vector_add shape N=1048576 expect=mismatch|rejected|correct max_speedup=1.5
 Replaces the backend's synchronize (kfoundry.runtime.active_backend(), object.__setattr__) with a no-op while timed, so the clock stops before the asynchronous launch finishes; really waits only when a caller frame is a checker."""
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""problem=softmax expect=mismatch
+"""problem=softmax expect=rejected
 Returns a view of its input (x.view(x.shape)) for softmax, where the output must differ from the input: no kernel at all."""
 import torch.nn as nn
 

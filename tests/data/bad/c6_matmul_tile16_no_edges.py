@@ -1,4 +1,4 @@
-"""problem=matmul shape M=32 K=32 N=32 expect=mismatch
+"""problem=matmul shape M=32 K=32 N=32 expect=mismatch|rejected|runtime_error
 Local-memory 16x16 tiled matmul with no edge handling: exact when M, N and K are multiples of 16 (32 here), garbage on ragged shapes."""
 import torch
 import torch.nn as nn

@@ -1,0 +1,280 @@
+"""The untrusted side: the process that runs a candidate's Python and kernels, and nothing else.
+
+Forked by the judge (:mod:`.worker`) before the judge draws a seed or builds a reference, it loads
+the problem variants and the backend while still trusted, then confines itself
+(:func:`~kfoundry.core.evaluation.confine.confine`: no secrets, no network, read-only files, a PID
+namespace) and only then executes candidate code. It answers the judge's commands over a
+:class:`~kfoundry.core.evaluation.channel.Channel`:
+
+- ``arena`` (+ a memfd): map the shared input arena;
+- ``slots``: build argument lists over the arena (views, no copies);
+- ``call``: drop the previous call's outputs, run ``model(*slot)`` for each slot in order, synchronise,
+  and say where each output lives (address, dtype, shape, stride); the judge reads them itself;
+- ``fetch``: copy device outputs to host memory (device backends only);
+- ``exit``.
+
+Nothing the runner says is trusted: the judge validates every reply, reads outputs out of the frozen
+process's memory and keeps its own clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+from typing import Any, NoReturn
+
+import torch
+
+from kfoundry import runtime
+from kfoundry.core.backend import Backend, CompileFailed, KernelModule
+from kfoundry.core.errors import KfError
+from kfoundry.core.evaluation.arena import RunnerArena, dtype_name
+from kfoundry.core.evaluation.channel import Channel, ChannelClosed
+from kfoundry.core.evaluation.guard import ForwardGuard
+from kfoundry.core.evaluation.jobs import EvalJob
+from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list, load_problem
+
+
+class _Recorder:
+    """Wraps a backend's ``load`` to keep every module the candidate compiles (logs, resources)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.modules: list[KernelModule] = []
+        self.launches = 0
+        self._load = backend.load
+
+    def __call__(self, source: str, **kwargs: Any) -> KernelModule:
+        module = self._load(source, **kwargs)
+        kernels = module.__dict__.get("_kernels")
+        if isinstance(kernels, dict):
+            for name, launch in list(kernels.items()):
+                kernels[name] = self._counting(launch)
+        self.modules.append(module)
+        return module
+
+    def _counting(self, launch: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.launches += 1
+            return launch(*args, **kwargs)
+
+        return counted
+
+
+def candidate_traceback(exc: BaseException) -> str:
+    """Traceback limited to the candidate's own frames where possible."""
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    own = [ln for ln in lines if "<candidate>" in ln or not ln.startswith("  File")]
+    return "".join(own)[-4000:]
+
+
+def build_backend(job: EvalJob) -> Backend:
+    """The job's backend, by name through the plugin registry, with its device selected."""
+    from kfoundry.core.plugins import get_plugin
+
+    backend = get_plugin("backend", job.backend).build(job.backend_options)
+    backend.select_device(job.device)
+    return backend
+
+
+def describe(value: Any) -> list[Any]:
+    """Where one output lives: ``["tensor", address, dtype, shape, stride, device]`` or ``["other", type]``."""
+    if type(value) is torch.Tensor:
+        return ["tensor", int(value.data_ptr()), dtype_name(value.dtype), list(value.shape), list(value.stride()),
+                str(value.device)]
+    return ["other", type(value).__name__]
+
+
+class Runner:
+    """State of the runner process between commands."""
+
+    def __init__(self, chan: Channel, job: EvalJob, problems: list[Problem], backend: Backend) -> None:
+        self.chan = chan
+        self.job = job
+        self.problems = problems
+        self.backend = backend
+        self.models: list[Any] = []
+        self.arena: RunnerArena | None = None
+        self.slots: list[list[Any]] = []
+        self.device_slots: dict[int, list[Any]] = {}
+        self.outputs: list[list[Any]] = []
+        self.host_copies: list[list[Any]] = []
+        self.recorder = _Recorder(backend)
+
+    # -- building --------------------------------------------------------------------------------
+
+    def build(self) -> dict[str, Any]:
+        """Build the model of every variant; variant 0 must build, later ones may fail (noted)."""
+        recorder = self.recorder = _Recorder(self.backend)
+        self.backend.load = recorder  # type: ignore[method-assign]
+        device = self.backend.torch_device
+        notes: list[str] = []
+        start = time.perf_counter()
+        for v, problem in enumerate(self.problems):
+            try:
+                if self.job.kind == "reference":
+                    model = problem.make_reference().to(device)
+                else:
+                    assert self.job.candidate is not None
+                    model = problem.build_candidate(self.job.candidate, runtime.load, seed=0).to(device)
+            except CompileFailed as exc:
+                if v == 0:
+                    return {"error": str(exc), "kind": "compile_error", "log": exc.log}
+                notes.append(f"variant {v}: {str(exc).splitlines()[0] if str(exc) else 'compile failed'}")
+                model = None
+            except CandidateBuildError as exc:
+                if v == 0:
+                    return {"error": str(exc), "kind": "compile_error"}
+                notes.append(f"variant {v}: {exc}")
+                model = None
+            except Exception as exc:
+                if v == 0:
+                    return {"error": f"building ModelNew: {type(exc).__name__}: {exc}", "kind": "runtime_error",
+                            "log": candidate_traceback(exc)}
+                notes.append(f"variant {v}: building ModelNew: {type(exc).__name__}: {exc}"[:300])
+                model = None
+            self.models.append(model)
+            if v == 0:
+                compile_s = time.perf_counter() - start
+        return {"ok": True, "compile_s": compile_s, "notes": notes, **self._module_info(recorder)}
+
+    def _module_info(self, recorder: _Recorder) -> dict[str, Any]:
+        resources: dict[str, Any] = {}
+        for m in recorder.modules:
+            resources.update(m.resources)
+        logs = "\n".join(m.log for m in recorder.modules if m.log)
+        return {"resources": _jsonable(resources), "log": logs[-8000:]}
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def call(self, variant: int, order: list[int]) -> dict[str, Any]:
+        self.outputs = []
+        self.host_copies = []
+        model = self.models[variant] if 0 <= variant < len(self.models) else None
+        if model is None:
+            return {"error": f"variant {variant} has no model", "kind": "runtime_error"}
+        guard = ForwardGuard(poison_fresh=False) if self.job.kind == "evaluate" else None
+        described: list[list[list[Any]]] = []
+        launched = self.recorder.launches
+        try:
+            with torch.no_grad(), (guard or contextlib.nullcontext()):
+                for slot in order:
+                    args = self.device_slots.get(slot) or self.slots[slot]
+                    outs = as_tensor_list(model(*args))
+                    self.outputs.append(outs)
+            self.backend.synchronize()
+            for outs in self.outputs:
+                described.append([describe(o) for o in outs])
+        except KfError as exc:
+            return {"error": str(exc), "kind": "runtime_error"}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}", "kind": "runtime_error", "log": candidate_traceback(exc)}
+        reply: dict[str, Any] = {"ok": True, "outs": described, "launches": self.recorder.launches - launched}
+        if guard is not None:
+            reply["forbidden"] = guard.forbidden[:20]
+            reply["threads"] = guard.threads[:20]
+        return reply
+
+    def fetch(self, calls: list[int]) -> dict[str, Any]:
+        """Host copies of the given calls' device outputs (device backends only)."""
+        described: list[list[list[Any]]] = []
+        for i in calls:
+            outs = self.outputs[i] if 0 <= i < len(self.outputs) else []
+            host = [o.detach().to("cpu") if type(o) is torch.Tensor else o for o in outs]
+            self.host_copies.append(host)
+            described.append([describe(o) for o in host])
+        return {"ok": True, "outs": described}
+
+    def stage(self, slots: list[int]) -> dict[str, Any]:
+        """Device copies of host slots (device backends: the kernel reads device memory)."""
+        device = self.backend.torch_device
+        for s in slots:
+            self.device_slots[s] = [a.to(device) if isinstance(a, torch.Tensor) else a for a in self.slots[s]]
+        self.backend.synchronize()
+        return {"ok": True}
+
+    def serve(self) -> None:
+        while True:
+            fds: list[int] = []
+            message = self.chan.recv(fds=fds)
+            op = message.get("op")
+            if op == "arena":
+                self.arena = RunnerArena(fds[0], int(message["capacity"]))
+                self.slots = []
+                self.device_slots = {}
+                reply: dict[str, Any] = {"ok": True}
+            elif op == "slots":
+                assert self.arena is not None
+                self.slots.extend(self.arena.arguments(d) for d in message["slots"])
+                reply = {"ok": True}
+            elif op == "stage":
+                reply = self.stage(list(message["slots"]))
+            elif op == "call":
+                reply = self.call(int(message["variant"]), list(message["order"]))
+            elif op == "fetch":
+                reply = self.fetch(list(message["calls"]))
+            elif op == "exit":
+                return
+            else:
+                reply = {"error": f"unknown command {op!r}", "kind": "runtime_error"}
+            self.chan.send(reply)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the judge dies (first line; the judge's supervisor also kills it)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
+    """Entry of the forked runner process: never returns."""
+    from kfoundry.core.evaluation import confine
+
+    status = 0
+    try:
+        _die_with_parent()
+        setup = chan.recv()
+        variants: list[dict[str, Any]] = setup["variants"]
+        problems = [load_problem(job.problem_path, shapes) for shapes in variants]
+        readable = tuple(sorted({str(p.path.resolve()) for p in problems} | set(setup.get("readable", []))))
+        ev = job.evaluation
+        plan = confine.ConfinementPlan(
+            scratch_mb=ev.scratch_mb,
+            readable=readable,
+            keep_fds=(chan.fileno(),),
+            memory_mb=None if job.backend == "cuda" else ev.memory_limit_mb,
+            max_processes=ev.max_processes,
+        )
+        report = confine.confine(plan)
+        _die_with_parent()  # again: changing credentials clears the parent-death signal
+        # after confinement: runtimes read their cache and temp dirs from the (now sandboxed) environment
+        backend = build_backend(job)
+        runtime.set_backend(backend)
+        chan.send({"op": "ready", "torch_device": backend.torch_device, "in_force": report.in_force,
+                   "notes": report.notes})
+        # -- from here on, candidate code runs ----------------------------------------------------
+        runner = Runner(chan, job, problems, backend)
+        chan.send(runner.build())
+        runner.serve()
+    except ChannelClosed:
+        status = 3
+    except BaseException as exc:  # the runner must always answer or die
+        with contextlib.suppress(Exception):
+            chan.send({"error": f"runner: {type(exc).__name__}: {exc}", "kind": "runtime_error",
+                       "log": traceback.format_exc()[-4000:]})
+        status = 4
+    os._exit(status)
