@@ -353,7 +353,7 @@ def test_the_one_pass_acceptance_agrees_with_the_full_assessment(monkeypatch: py
     x64 = x.double() * (1 + 2e-8 * torch.randn(20000, generator=_gen(13), dtype=torch.float64))
     ref = x64.float()
     ref[[3, 17000]], x64[[3, 17000]] = math.nan, math.nan
-    for scale, passes in ((3e-7, True), (1e-5, False), (0.0, True)):
+    for scale, passes in ((3e-7, True), (1e-4, False), (0.0, True)):
         out = (x64 * (1 + scale * torch.randn(20000, generator=_gen(14), dtype=torch.float64))).float()
         for finite in (True, False):
             o, r, t = (out, ref, x64) if not finite else (out[5:16000], ref[5:16000], x64[5:16000])
