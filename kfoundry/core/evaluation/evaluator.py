@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -48,6 +49,20 @@ def _environment_failure(result: JobResult) -> bool:
     return result.outcome is Outcome.runtime_error and (
         result.message.startswith("setup:") or "the sandbox server died" in result.message
     )
+
+
+_warned: set[str] = set()
+
+
+def _warn_unprotected(result: JobResult) -> None:
+    """One line per process (stderr) for each sandbox protection that was not in force."""
+    missing = sorted(k for k, v in result.sandbox.items() if not v and k not in _warned)
+    if not missing:
+        return
+    _warned.update(missing)
+    why = "; ".join(result.sandbox_notes)[:300]
+    print(f"kfoundry: warning: sandbox protection not in force here: {', '.join(missing)}"
+          + (f" ({why})" if why else ""), file=sys.stderr)
 
 
 class Evaluator:
@@ -146,6 +161,7 @@ class Evaluator:
         return None
 
     def _record(self, candidate: Candidate, key: str, result: JobResult) -> EvalRecord:
+        _warn_unprotected(result)
         record = EvalRecord(
             candidate_hash=candidate.content_hash,
             eval_key=key,

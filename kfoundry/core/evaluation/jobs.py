@@ -37,3 +37,6 @@ class JobResult(BaseModel):
     compile_time_s: float | None = None
     resources: dict[str, Any] = Field(default_factory=dict)
     wall_s: float = 0.0
+    #: The sandbox protections and whether each was in force for this job's runner.
+    sandbox: dict[str, bool] = Field(default_factory=dict)
+    sandbox_notes: list[str] = Field(default_factory=list)

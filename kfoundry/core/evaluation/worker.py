@@ -193,6 +193,10 @@ class Judge:
     arena: Arena | None = None
     slot_keys: dict[tuple[int, bool], int] = field(default_factory=dict)
     phases: list[tuple[str, float]] = field(default_factory=list)
+    clock_disagreements: int = 0
+    timer_overhead_ms: float | None = None
+    sandbox: dict[str, bool] = field(default_factory=dict)
+    sandbox_notes: list[str] = field(default_factory=list)
     _phase_start: float = field(default_factory=time.monotonic)
 
     def phase(self, name: str) -> None:
@@ -236,9 +240,12 @@ class Judge:
             message = f"out of memory (memory limit reached): {message}"
         return JobResult(outcome=outcome, message=f"{what}: {message}", log=str(reply.get("log", ""))[-4000:])
 
-    def call(self, variant: int, order: list[int], what: str) -> tuple[list[list[Any]], int, dict[str, Any]]:
+    def call(
+        self, variant: int, order: list[int], what: str, device_timing: bool = False
+    ) -> tuple[list[list[Any]], int, dict[str, Any]]:
         """Run the given slots on the runner (one clocked exchange): (output descriptors, ns, reply)."""
-        reply, elapsed = self.runner.exchange({"op": "call", "variant": variant, "order": order})
+        message = {"op": "call", "variant": variant, "order": order, "device_timing": device_timing}
+        reply, elapsed = self.runner.exchange(message)
         if reply.get("ok") is not True:
             raise JobFailed(self._error_result(reply, what))
         outs = reply.get("outs")
@@ -407,7 +414,12 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
         reference = problem.make_reference().to(device)
         variants.append(Variant(i, problem, reference, _variant_label(problem, problems[0])))
     judge = Judge(job, runner, device, variants)
-    missing = [k for k, v in (ready.get("in_force") or {}).items() if not v]
+    overhead = ready.get("timer_overhead_ms")
+    judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
+    in_force = ready.get("in_force") if isinstance(ready.get("in_force"), dict) else {}
+    judge.sandbox = {str(k): bool(v) for k, v in in_force.items()}
+    judge.sandbox_notes = [str(n)[:300] for n in (ready.get("notes") or [])][:20]
+    missing = [k for k, v in judge.sandbox.items() if not v]
     if missing:
         judge.log.append("sandbox protections not in force: " + ", ".join(missing) + "; " + "; ".join(ready.get("notes") or []))
     if built.get("ok") is not True:
@@ -568,10 +580,11 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     verified = 0
     calls = 0
     chance = min(1.0, ev.verified_batches / repeats)
+    device_timing = judge.device != "cpu"
     for r in range(repeats):
         current = refill(slots)
-        described, ns, _ = judge.call(0, slots, "while timed")
-        samples.append(ns / 1e6 / batch)
+        described, ns, reply = judge.call(0, slots, "while timed", device_timing)
+        samples.append(_per_call_ms(ns / 1e6, batch, reply.get("device_ms"), judge))
         calls += batch
         # the final batch always (work left running past its answer is caught), others at random
         if not verify or (r < repeats - 1 and rng.random() >= chance):
@@ -587,6 +600,32 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
                     f"wrong while timed (call {k + 1} of batch {r + 1}; results cached, work skipped or left "
                     f"running): {verdict.message}")))
     return summarize(samples), calls, verified
+
+
+#: A device clock (CUDA events, read in the runner) may undercut the judge's clock over the same batch
+#: by the timer's own per-call overhead (measured before candidate code ran) times this factor, plus
+#: these margins; beyond that the judge's own clock counts, so faked events gain at most the margins.
+DEVICE_OVERHEAD_FACTOR = 1.15
+DEVICE_SLACK_PER_CALL_MS = 0.02
+DEVICE_SLACK_PER_BATCH_MS = 0.3
+
+
+def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> float:
+    """One timing sample: the judge's clock over the batch, or the device's where the two agree."""
+    host = wall_ms / batch
+    overhead = judge.timer_overhead_ms
+    if overhead is None or not isinstance(device_ms, list) or len(device_ms) != batch:
+        return host
+    if not all(isinstance(x, (int, float)) for x in device_ms):
+        return host
+    events = float(sum(device_ms))
+    if events <= 0 or events > wall_ms:
+        return host
+    allowed = batch * (overhead * DEVICE_OVERHEAD_FACTOR + DEVICE_SLACK_PER_CALL_MS) + DEVICE_SLACK_PER_BATCH_MS
+    if events + allowed < wall_ms:
+        judge.clock_disagreements += 1
+        return host
+    return events / batch
 
 
 # -- the job ------------------------------------------------------------------------------------
@@ -638,8 +677,13 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         runner.kill()
         if judge is not None and judge.arena is not None:
             judge.arena.close()
+    if judge is not None:
+        result.sandbox, result.sandbox_notes = judge.sandbox, judge.sandbox_notes
     if isinstance(built.get("resources"), dict):
         result.resources = built["resources"]
+    if judge is not None and judge.clock_disagreements:
+        judge.log.append(f"device clock undercut the judge's clock in {judge.clock_disagreements} timed batches: "
+                         "the judge's clock was used there")
     if judge is not None and judge.phases:
         judge.log.append("judge phases: " + ", ".join(f"{name} {secs:.2f} s" for name, secs in judge.phases))
     parts = ([*judge.log] if judge else []) + ([str(built.get("log"))] if built.get("log") else []) + ([result.log] if result.log else [])
