@@ -416,7 +416,8 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     judge = Judge(job, runner, device, variants)
     overhead = ready.get("timer_overhead_ms")
     judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
-    in_force = ready.get("in_force") if isinstance(ready.get("in_force"), dict) else {}
+    raw_in_force = ready.get("in_force")
+    in_force: dict[Any, Any] = raw_in_force if isinstance(raw_in_force, dict) else {}
     judge.sandbox = {str(k): bool(v) for k, v in in_force.items()}
     judge.sandbox_notes = [str(n)[:300] for n in (ready.get("notes") or [])][:20]
     missing = [k for k, v in judge.sandbox.items() if not v]
