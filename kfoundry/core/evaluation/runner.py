@@ -202,7 +202,13 @@ class Runner:
         """Device copies of host slots (device backends: the kernel reads device memory)."""
         device = self.backend.torch_device
         for s in slots:
-            self.device_slots[s] = [a.to(device) if isinstance(a, torch.Tensor) else a for a in self.slots[s]]
+            staged = self.device_slots.get(s)
+            if staged is None:
+                self.device_slots[s] = [a.to(device) if isinstance(a, torch.Tensor) else a for a in self.slots[s]]
+                continue
+            for dst, src in zip(staged, self.slots[s], strict=True):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src, non_blocking=False)
         self.backend.synchronize()
         return {"ok": True}
 

@@ -227,6 +227,15 @@ class Judge:
             self._expect_ok(reply, "staging inputs on the device")
         return ids
 
+    def write(self, ids: list[int], values: list[list[Any]]) -> None:
+        """Fresh values into slots (runner frozen); device backends then stage them on the device."""
+        assert self.arena is not None
+        for slot, v in zip(ids, values, strict=True):
+            self.arena.write(slot, v)
+        if self.device != "cpu":
+            reply, _ = self.runner.exchange({"op": "stage", "slots": ids})
+            self._expect_ok(reply, "staging inputs on the device")
+
     def _expect_ok(self, reply: dict[str, Any], what: str) -> None:
         if reply.get("ok") is True:
             return
@@ -507,8 +516,7 @@ def _correctness(judge: Judge, plan: TrialPlan) -> str:
         if key not in judge.slot_keys:
             judge.slot_keys[key] = judge.add_slots([inputs], trial.aligned)[0]
         slot = judge.slot_keys[key]
-        assert judge.arena is not None
-        judge.arena.write(slot, inputs)
+        judge.write([slot], [inputs])
         where = f"{trial.label} ({variant.label})" if trial.variant else trial.label
         described, _, _ = judge.call(trial.variant, [slot], where)
         outs, verdict = judge.check_call(variant, slot, inputs, described[0], 0, refs, ref64)
@@ -555,12 +563,8 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     rng = secrets.SystemRandom()
 
     def refill(ids: list[int]) -> list[list[Any]]:
-        sets = []
-        assert judge.arena is not None
-        for s in ids:
-            values = variant.problem.make_inputs(secrets.randbits(31), judge.device)
-            judge.arena.write(s, values)
-            sets.append(values)
+        sets = [variant.problem.make_inputs(secrets.randbits(31), judge.device) for _ in ids]
+        judge.write(ids, sets)
         return sets
 
     # warm-up, one call at a time, fresh inputs each call
