@@ -89,7 +89,9 @@ def describe(value: Any) -> list[Any]:
 class Runner:
     """State of the runner process between commands."""
 
-    def __init__(self, chan: Channel, job: EvalJob, problems: list[Problem], backend: Backend) -> None:
+    def __init__(
+        self, chan: Channel, job: EvalJob, problems: list[Problem], backend: Backend, device_timer: Any = None
+    ) -> None:
         self.chan = chan
         self.job = job
         self.problems = problems
@@ -101,6 +103,8 @@ class Runner:
         self.outputs: list[list[Any]] = []
         self.host_copies: list[list[Any]] = []
         self.recorder = _Recorder(backend)
+        #: built once, before candidate code runs (its flush buffer and events are reused)
+        self.device_timer = device_timer
 
     # -- building --------------------------------------------------------------------------------
 
@@ -151,7 +155,7 @@ class Runner:
     def call(self, variant: int, order: list[int], device_timing: bool = False) -> dict[str, Any]:
         self.outputs = []
         self.host_copies = []
-        timer = self.backend.device_timer() if device_timing else None
+        timer = self.device_timer if device_timing else None
         device_ms: list[float] = []
         model = self.models[variant] if 0 <= variant < len(self.models) else None
         if model is None:
@@ -249,15 +253,19 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _timer_overhead_ms(backend: Backend) -> float | None:
-    """Host time a device-timed call costs beyond its events (flush, spin, sync), measured on empty calls
-    before any candidate code runs, so the judge can tell honest events from faked ones."""
+def _device_timer(backend: Backend) -> Any:
+    """The backend's device clock (device backends only), built before candidate code runs."""
     if backend.torch_device == "cpu":
         return None
     try:
-        timer = backend.device_timer()
+        return backend.device_timer()
     except Exception:
         return None
+
+
+def _timer_overhead_ms(timer: Any) -> float | None:
+    """Host time a device-timed call costs beyond its events (flush, spin, sync), measured on empty calls
+    before any candidate code runs, so the judge can tell honest events from faked ones."""
     if timer is None:
         return None
     extra: list[float] = []
@@ -301,10 +309,11 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         # after confinement: runtimes read their cache and temp dirs from the (now sandboxed) environment
         backend = build_backend(job)
         runtime.set_backend(backend)
+        timer = _device_timer(backend)
         chan.send({"op": "ready", "torch_device": backend.torch_device, "in_force": report.in_force,
-                   "notes": report.notes, "timer_overhead_ms": _timer_overhead_ms(backend)})
+                   "notes": report.notes, "timer_overhead_ms": _timer_overhead_ms(timer)})
         # -- from here on, candidate code runs ----------------------------------------------------
-        runner = Runner(chan, job, problems, backend)
+        runner = Runner(chan, job, problems, backend, timer)
         chan.send(runner.build())
         runner.serve()
     except ChannelClosed:

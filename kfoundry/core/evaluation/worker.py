@@ -102,6 +102,7 @@ class RunnerHandle:
         self.timeout_s = timeout_s
         self.status: int | None = None
         self.frozen = False
+        self._frozen_members: list[int] = [pid]
 
     def _left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -132,12 +133,12 @@ class RunnerHandle:
         return reply, elapsed
 
     def freeze(self) -> None:
-        confine.freeze_tree(self.pid)
+        self._frozen_members = confine.freeze_tree(self.pid)
         self.frozen = True
 
     def thaw(self) -> None:
         if self.frozen:
-            confine.thaw_tree(self.pid)
+            confine.thaw_tree(self.pid, self._frozen_members)
             self.frozen = False
 
     def alive(self) -> bool:
@@ -536,7 +537,8 @@ def _correctness(judge: Judge, plan: TrialPlan) -> str:
     shapes = [v.label for v in judge.variants if v.ok]
     if plan.fixed_shape_reason:
         judge.log.append(f"no other shapes tried: {plan.fixed_shape_reason}")
-    return (f"correct on {counts['trials']} trials ({len(shapes)} shape set{'s' if len(shapes) != 1 else ''}; "
+    fixed = f", fixed: {plan.fixed_shape_reason}" if plan.fixed_shape_reason else ""
+    return (f"correct on {counts['trials']} trials ({len(shapes)} shape set{'s' if len(shapes) != 1 else ''}{fixed}; "
             f"inputs: {', '.join(sorted(kinds))})")
 
 
