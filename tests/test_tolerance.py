@@ -231,15 +231,20 @@ def test_the_worst_element_is_named() -> None:
     assert f"flat index {int(ref.abs().argmax())}:" in verdict.message and "x the float32" in verdict.message
 
 
-def test_non_finite_values_must_match_exactly() -> None:
+def test_non_finite_values_must_match() -> None:
     ref64 = torch.tensor([1.0, math.nan, math.inf, -math.inf, 2.0], dtype=torch.float64)
     ref = ref64.float()
     assert compare_output(0, ref.clone(), ref, ref64, None, None) is None
+    # which non-finite value an honest kernel makes of an infinite input depends on its operation order
+    for at, value in ((1, math.inf), (1, -math.inf), (2, math.nan), (3, math.nan)):
+        out = ref.clone()
+        out[at] = value
+        assert compare_output(0, out, ref, ref64, None, None) is None, (at, value)
     cases = {
         0: (math.nan, "NaN/inf values where the reference is finite"),
         1: (1.0, "finite values where the reference is NaN"),
-        2: (-math.inf, "not the same infinity"),
-        3: (0.0, "not the same infinity"),
+        2: (-math.inf, "finite or the opposite infinity"),
+        3: (0.0, "finite or the opposite infinity"),
         4: (math.inf, "NaN/inf values where the reference is finite"),
     }
     for at, (value, words) in cases.items():

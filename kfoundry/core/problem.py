@@ -103,7 +103,8 @@ class Problem:
         if self.native is not None:
             return self.native.make_inputs(seed, device)
         torch.manual_seed(seed)
-        with torch.device(device) if device is not None else contextlib.nullcontext():
+        on_host = device is None or torch.device(device).type == "cpu"  # the default: no device mode needed
+        with contextlib.nullcontext() if on_host or device is None else torch.device(device):
             inputs = self.module.get_inputs()  # type: ignore[union-attr]
         if not isinstance(inputs, (list, tuple)):
             raise ProblemError(f"{self.path}: get_inputs() must return a list, got {type(inputs).__name__}")

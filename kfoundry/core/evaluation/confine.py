@@ -89,6 +89,8 @@ DEFAULT_ENV_ALLOW: tuple[str, ...] = (
 ENV_DENY = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 
 NOBODY = 65534
+#: The uid (and gid) the runner drops to; set per call of :func:`confine` (ConfinementPlan.uid).
+_uid = NOBODY
 SCRATCH = "/scratch"
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 _GPU_DEVICE_DIRS = ("/dev/nvidia-caps", "/dev/dri")
@@ -125,6 +127,9 @@ class ConfinementPlan:
     env_set: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     keep_fds: tuple[int, ...] = ()
     max_processes: int = 512
+    #: uid/gid to drop to when started as root (None: nobody). A uid of its own per concurrent job keeps
+    #: the per-user process limit from being shared: one job's fork bomb cannot starve another's.
+    uid: int | None = None
     max_open_files: int = 256
     max_file_mb: int = 256
     memory_mb: int | None = None
@@ -246,6 +251,8 @@ class _Recorder:
 
 def confine(plan: ConfinementPlan) -> ConfinementReport:
     """Confine the calling (single-threaded, freshly forked) process; never raises for a missing facility."""
+    global _uid
+    _uid = plan.uid if plan.uid is not None else NOBODY
     rec = _Recorder()
     if os.getpid() == 1 and os.getppid() == 0:
         rec.in_force["pid_namespace"] = True
@@ -475,7 +482,8 @@ def _filesystem(rec: _Recorder, plan: ConfinementPlan) -> str | None:
         rec.fail("scratch_cap", "no new root for the scratch tmpfs")
         return None
     root = _Root(base, notes)
-    owner = f",uid={NOBODY},gid={NOBODY}" if os.geteuid() == 0 else ""
+    uid = _uid
+    owner = f",uid={uid},gid={uid}" if os.geteuid() == 0 else ""
     try:
         root.makedirs(SCRATCH)
         size = max(1, plan.scratch_mb)
@@ -489,7 +497,7 @@ def _filesystem(rec: _Recorder, plan: ConfinementPlan) -> str | None:
         for sub in ("home", "tmp", "shm", "pocl-cache"):
             os.mkdir(root.target(f"{SCRATCH}/{sub}"), 0o700 if sub != "tmp" else 0o1777)
             if owner:
-                os.chown(root.target(f"{SCRATCH}/{sub}"), NOBODY, NOBODY)
+                os.chown(root.target(f"{SCRATCH}/{sub}"), uid, uid)
         for sub, where in (("tmp", "/tmp"), ("shm", "/dev/shm")):
             root.makedirs(where)
             lib.mount(root.target(f"{SCRATCH}/{sub}"), root.target(where), None, MS_BIND)
@@ -570,9 +578,9 @@ def _fallback_scratch(was_root: bool) -> str:
         for sub in ("home", "tmp", "shm", "pocl-cache"):
             os.mkdir(os.path.join(path, sub), 0o700)
             if was_root:
-                os.chown(os.path.join(path, sub), NOBODY, NOBODY)
+                os.chown(os.path.join(path, sub), _uid, _uid)
         if was_root:
-            os.chown(path, NOBODY, NOBODY)
+            os.chown(path, _uid, _uid)
         return path
     except OSError:
         return tempfile.gettempdir()
@@ -592,8 +600,8 @@ def _drop_privileges(rec: _Recorder, was_root: bool) -> None:
     try:
         if was_root:
             os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgid(_uid)
+            os.setuid(_uid)
         else:
             lib.drop_capabilities()  # those the user namespace gave
     except OSError as exc:

@@ -52,14 +52,15 @@ def read_memory(pid: int, address: int, nbytes: int) -> bytearray:
     return buf
 
 
-def mappings(pid: int) -> list[Mapping]:
-    """The memory mappings of ``pid``."""
+def mappings(pid: int, marker: str = "") -> list[Mapping]:
+    """The memory mappings of ``pid`` (only those whose line contains ``marker``, if given)."""
     out: list[Mapping] = []
     try:
         with open(f"/proc/{pid}/maps") as handle:
-            lines = handle.read().splitlines()
+            text = handle.read()
     except OSError as exc:
         raise MemoryReadError(f"cannot read the runner's mappings: {exc.strerror}") from None
+    lines = [ln for ln in text.splitlines() if marker in ln] if marker else text.splitlines()
     for line in lines:
         parts = line.split(maxsplit=5)
         if len(parts) < 5:

@@ -196,6 +196,7 @@ class Judge:
     phases: list[tuple[str, float]] = field(default_factory=list)
     clock_disagreements: int = 0
     timer_overhead_ms: float | None = None
+    exchange_ms: float | None = None
     sandbox: dict[str, bool] = field(default_factory=dict)
     sandbox_notes: list[str] = field(default_factory=list)
     _phase_start: float = field(default_factory=time.monotonic)
@@ -295,7 +296,7 @@ class Judge:
                 return Verdict(Outcome.runtime_error, "could not copy the outputs off the device")
         else:
             host = described
-        maps = procmem.mappings(self.runner.pid)
+        maps = procmem.mappings(self.runner.pid, ARENA_NAME)
         outs: list[Any] = []
         for i, (d, dev_d, ref) in enumerate(zip(host, described, refs, strict=True)):
             if not isinstance(ref, torch.Tensor):
@@ -411,19 +412,22 @@ def _variant_label(problem: Problem, base: Problem) -> str:
 def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, dict[str, Any]]:
     """Load the problem variants, tell the runner to build, wait until it has."""
     problems = [load_problem(job.problem_path, shapes) for shapes in plan.variants]
-    runner.chan.send({"variants": plan.variants})
+    # a uid no other live job's runner has (from its host pid), outside the usual user range
+    runner.chan.send({"variants": plan.variants, "uid": 3_000_000 + runner.pid % 1_000_000})
     ready = runner.receive()
     if ready.get("op") != "ready":
         raise JobFailed(JobResult(outcome=Outcome.runtime_error, message=f"setup: {ready.get('error', 'runner did not start')}",
                                   log=str(ready.get("log", ""))))
     device = str(ready.get("torch_device", "cpu"))
-    built = runner.receive()  # candidate code runs from here on: nothing it says is trusted
     runner.freeze()
+    exchange_ms = _calibrate(runner) if device != "cpu" else None
+    built, _ = runner.exchange({"op": "build"})  # candidate code runs from here on: nothing it says is trusted
     variants = []
     for i, problem in enumerate(problems):
         reference = problem.make_reference().to(device)
         variants.append(Variant(i, problem, reference, _variant_label(problem, problems[0])))
     judge = Judge(job, runner, device, variants)
+    judge.exchange_ms = exchange_ms
     overhead = ready.get("timer_overhead_ms")
     judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
     raw_in_force = ready.get("in_force")
@@ -441,6 +445,19 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
             variants[idx].ok = False
         judge.log.append(f"shape variant skipped (the candidate does not build there): {str(note)[:300]}")
     return judge, built
+
+
+def _calibrate(runner: RunnerHandle, rounds: int = 9) -> float | None:
+    """What one clocked exchange of one device-timed empty call costs beyond its events (ms), measured
+    before any candidate code has run in the runner (so nothing can inflate it)."""
+    extra: list[float] = []
+    for _ in range(rounds):
+        reply, ns = runner.exchange({"op": "calibrate"})
+        events = reply.get("device_ms")
+        if not isinstance(events, list) or len(events) != 1 or not isinstance(events[0], (int, float)):
+            return None
+        extra.append(ns / 1e6 - float(events[0]))
+    return sorted(extra)[len(extra) // 2]
 
 
 def _variant_index(note: str) -> int | None:
@@ -525,6 +542,8 @@ def _correctness(judge: Judge, plan: TrialPlan) -> str:
             judge.log.insert(0, f"trial input seeds: {seeds}")
             raise JobFailed(JobResult(outcome=verdict.outcome, message=f"{where}: {verdict.message}"))
         counts["trials"] += 1
+        if counts["trials"] == 1:  # the budget for extra trials starts once the kernels are compiled
+            started = time.monotonic()
         kinds.add(trial.distribution + ("" if trial.aligned else " unaligned"))
         if trial.distribution == "problem" and outs is not None:
             if trial.variant not in first:
@@ -610,25 +629,27 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
 
 
 #: A device clock (CUDA events, read in the runner) may undercut the judge's clock over the same batch
-#: by the timer's own per-call overhead (measured before candidate code ran) times this factor, plus
-#: these margins; beyond that the judge's own clock counts, so faked events gain at most the margins.
-DEVICE_OVERHEAD_FACTOR = 1.15
+#: by what an exchange of one empty timed call cost and the timer's own per-call overhead for the
+#: others (both measured before candidate code ran), times this factor, plus these margins; beyond
+#: that the judge's own clock counts, so faked events gain at most the margins.
+DEVICE_OVERHEAD_FACTOR = 1.25
 DEVICE_SLACK_PER_CALL_MS = 0.02
-DEVICE_SLACK_PER_BATCH_MS = 0.3
+DEVICE_SLACK_PER_BATCH_MS = 0.05
 
 
 def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> float:
     """One timing sample: the judge's clock over the batch, or the device's where the two agree."""
     host = wall_ms / batch
-    overhead = judge.timer_overhead_ms
-    if overhead is None or not isinstance(device_ms, list) or len(device_ms) != batch:
+    overhead, exchange = judge.timer_overhead_ms, judge.exchange_ms
+    if overhead is None or exchange is None or not isinstance(device_ms, list) or len(device_ms) != batch:
         return host
     if not all(isinstance(x, (int, float)) for x in device_ms):
         return host
     events = float(sum(device_ms))
     if events <= 0 or events > wall_ms:
         return host
-    allowed = batch * (overhead * DEVICE_OVERHEAD_FACTOR + DEVICE_SLACK_PER_CALL_MS) + DEVICE_SLACK_PER_BATCH_MS
+    allowed = DEVICE_OVERHEAD_FACTOR * (exchange + (batch - 1) * overhead) + DEVICE_SLACK_PER_CALL_MS * batch
+    allowed += DEVICE_SLACK_PER_BATCH_MS
     if events + allowed < wall_ms:
         judge.clock_disagreements += 1
         return host
