@@ -197,6 +197,7 @@ class Judge:
     clock_disagreements: int = 0
     timer_overhead_ms: float | None = None
     exchange_ms: float | None = None
+    disagreement_samples: list[str] = field(default_factory=list)
     sandbox: dict[str, bool] = field(default_factory=dict)
     sandbox_notes: list[str] = field(default_factory=list)
     _phase_start: float = field(default_factory=time.monotonic)
@@ -652,6 +653,9 @@ def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> fl
     allowed += DEVICE_SLACK_PER_BATCH_MS
     if events + allowed < wall_ms:
         judge.clock_disagreements += 1
+        if len(judge.disagreement_samples) < 3:
+            judge.disagreement_samples.append(f"{batch} calls: judge {wall_ms:.3f} ms, events {events:.3f} ms, "
+                                              f"allowed {allowed:.3f} ms")
         return host
     return events / batch
 
@@ -711,7 +715,8 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         result.resources = built["resources"]
     if judge is not None and judge.clock_disagreements:
         judge.log.append(f"device clock undercut the judge's clock in {judge.clock_disagreements} timed batches: "
-                         "the judge's clock was used there")
+                         "the judge's clock was used there (" + "; ".join(judge.disagreement_samples)
+                         + f"; exchange overhead {judge.exchange_ms} ms, timer overhead {judge.timer_overhead_ms} ms)")
     if judge is not None and judge.phases:
         judge.log.append("judge phases: " + ", ".join(f"{name} {secs:.2f} s" for name, secs in judge.phases))
     parts = ([*judge.log] if judge else []) + ([str(built.get("log"))] if built.get("log") else []) + ([result.log] if result.log else [])
