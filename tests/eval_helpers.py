@@ -35,6 +35,8 @@ def fast_config(tmp: Path | None = None, backend: str | None = None, **evaluatio
         "max_repeats": 20,
         "rotate_bytes": 0,
         "timeout_s": 60.0,
+        # the required and structured trials only (boundary shapes, extreme values...), no extra ones
+        "correctness_budget_s": 0.0,
     }
     ev.update(evaluation)
     data: dict[str, Any] = {"evaluation": ev}

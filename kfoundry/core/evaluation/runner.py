@@ -42,11 +42,18 @@ class _Recorder:
 
     def __init__(self, backend: Backend) -> None:
         self.modules: list[KernelModule] = []
+        self._cache: dict[str, KernelModule] = {}
         self.launches = 0
         self._load = backend.load
 
     def __call__(self, source: str, **kwargs: Any) -> KernelModule:
+        # the same program for every shape variant's model is compiled once per job
+        key = repr((source, sorted((kwargs.get("defines") or {}).items()), kwargs.get("build_options")))
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
         module = self._load(source, **kwargs)
+        self._cache[key] = module
         kernels = module.__dict__.get("_kernels")
         if isinstance(kernels, dict):
             for name, launch in list(kernels.items()):
