@@ -596,18 +596,26 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
 
     # warm-up, one call at a time, fresh inputs each call
     warm: list[float] = []
+    drawing: list[float] = []
     start = time.monotonic()
     while len(warm) < 2 or time.monotonic() - start < ev.warmup_s:
+        t0 = time.monotonic()
         current = refill(slots[:1])
+        drawing.append(time.monotonic() - t0)
         _, ns, _ = judge.call(0, slots[:1], "warm-up")
         warm.append(ns / 1e9)
     per_call = sorted(warm)[len(warm) // 2]
+    per_draw = sorted(drawing)[len(drawing) // 2]
     batch = int(min(capacity_sets, max(1, -(-ev.batch_time_s // max(per_call, 1e-9)))))
     if batch > len(slots):
         more = [variant.problem.make_inputs(secrets.randbits(31), judge.device) for _ in range(batch - len(slots))]
         slots += judge.add_slots(more)
     slots = slots[:batch]
     repeats = int(min(ev.max_repeats, max(ev.min_repeats, -(-ev.target_time_s // max(per_call * batch, 1e-9)))))
+    # Fresh inputs for every call can cost more than the calls (a vector add draws its inputs slower than
+    # it adds them): drawing gets at most twice the measuring time, never fewer than min_repeats batches.
+    affordable = int(2 * ev.target_time_s // max(per_draw * batch, 1e-9))
+    repeats = max(ev.min_repeats, min(repeats, affordable))
     samples: list[float] = []
     verified = 0
     calls = 0
