@@ -56,7 +56,7 @@ def test_seeds_and_recipes_are_correct_at_tiny_and_ragged_shapes(name: str, tmp_
     candidates = _candidates(name)
     for variant, sizes in [("default", {}), *VARIANTS[name].items()]:
         problem = load_problem(KB / f"{name}.py", {**SMALL_SHAPES[name], **sizes})
-        config = fast_config(tmp_path, cache=False, trials=2, max_repeats=3, target_time_s=0.001)
+        config = fast_config(tmp_path, cache=False, trials=2, max_repeats=3, target_time_s=0.001, shape_variants=0)
         config.executor.options["workers"] = WORKERS
         with Evaluator(problem, config) as evaluator:
             records = evaluator.evaluate_many(candidates)

@@ -274,7 +274,7 @@ def sycl_entry_point() -> Iterator[None]:
 
 def test_evaluator_judges_a_sycl_candidate(sycl_entry_point: None, tmp_path: Path) -> None:
     problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 4096})
-    config = fast_config(tmp_path, backend="sycl", timeout_s=120.0, cache=False)
+    config = fast_config(tmp_path, backend="sycl", timeout_s=120.0, cache=False, shape_variants=0)
     seed = EXAMPLES / "kernelbench" / "seeds" / "vector_add_sycl.py"
     broken = seed.read_text().replace("a[i] + b[i]", "a[i] - b[i]")
     with Evaluator(problem, config) as evaluator:
@@ -295,7 +295,7 @@ def test_evaluator_judges_a_sycl_candidate(sycl_entry_point: None, tmp_path: Pat
 def test_the_naive_softmax_seed_is_correct(sycl_entry_point: None, tmp_path: Path) -> None:
     """The seed the optimize loop measures its SYCL speedups against ("x faster than the naive seed")."""
     problem = load_problem(EXAMPLES / "kernelbench" / "softmax.py", {"batch_size": 16, "dim": 512})
-    config = fast_config(tmp_path, backend="sycl", max_repeats=10, cache=False)
+    config = fast_config(tmp_path, backend="sycl", max_repeats=10, cache=False, shape_variants=0)
     seed = EXAMPLES / "kernelbench" / "seeds" / "softmax_sycl.py"
     with Evaluator(problem, config) as evaluator:
         record = evaluator.evaluate(Candidate(source=seed.read_text(), language="sycl", label=seed.name))

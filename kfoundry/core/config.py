@@ -124,6 +124,10 @@ class EvaluationConfig(Strict):
         default=10.0, description="Flag a speedup above this for review even if under the roofline."
     )
     cache: bool = Field(default=True, description="Serve repeat evaluations from the store.")
+    shape_variants: int = Field(
+        default=2, ge=0, le=2,
+        description="Other shape sets (tiny, ragged) derived from the problem's size constants and tried too.",
+    )
     max_trials: int = Field(
         default=100, ge=1, description="Most correctness trials: cheap kernels get more, up to this, within the budget."
     )

@@ -397,6 +397,15 @@ def _fork_runner(job: EvalJob, deadline: float) -> RunnerHandle:
     return RunnerHandle(pid, judge_end, deadline, job.evaluation.timeout_s)
 
 
+def _limit_variants(plan: TrialPlan, keep: int) -> TrialPlan:
+    """The plan with at most ``keep`` shape sets besides the problem's own (and their trials)."""
+    if len(plan.variants) <= keep + 1:
+        return plan
+    structured = [s for s in plan.structured if s.variant <= keep]
+    reason = plan.fixed_shape_reason or ("other shapes not tried (evaluation.shape_variants = 0)" if keep == 0 else None)
+    return TrialPlan(plan.variants[: keep + 1], reason, structured)
+
+
 def _setns(fd: int) -> None:
     import ctypes
 
@@ -691,6 +700,7 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         try:
             problem = load_problem(job.problem_path, job.shapes)
             plan = plan_trials(problem) if job.kind == "evaluate" else TrialPlan([dict(problem.shapes)], None, [])
+            plan = _limit_variants(plan, job.evaluation.shape_variants)
         except KfError as exc:
             return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
         judge, built = _start(job, runner, plan)
