@@ -8,17 +8,23 @@ whose one-line message is shown to the model in the next prompt.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kfoundry.core.models import ParamValue, TunableSpace
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.DOTALL | re.MULTILINE)
-_DIFF = re.compile(
-    r"^[ \t]*<{5,}[ \t]*SEARCH[ \t]*\n(.*?)^[ \t]*={5,}[ \t]*\n(.*?)^[ \t]*>{5,}[ \t]*REPLACE[ \t]*$",
-    re.DOTALL | re.MULTILINE,
-)
+#: Replies longer than this (characters) or holding more diffs are refused: parsing stays bounded.
+MAX_REPLY_CHARS = 1_000_000
+MAX_DIFFS = 200
+
+# One line each: matched with ``fullmatch`` on a single line, so no pattern spans lines (linear time).
+_FENCE_OPEN = re.compile(r"[ \t]*```[ \t]*([\w+.#-]*).*")
+_FENCE_CLOSE = re.compile(r"[ \t]*```[ \t]*")
+_DIFF_SEARCH = re.compile(r"[ \t]*<{5,}[ \t]*SEARCH[ \t]*")
+_DIFF_DIVIDE = re.compile(r"[ \t]*={5,}[ \t]*")
+_DIFF_REPLACE = re.compile(r"[ \t]*>{5,}[ \t]*REPLACE[ \t]*")
 _KERNEL_LANGS = {"c", "cpp", "c++", "cl", "opencl", "cuda", "cu", "hip", "sycl", ""}
 
 
@@ -38,14 +44,89 @@ class ParsedReply:
     diffs_applied: int = 0
 
 
+class _Lines:
+    """A text's lines (split on newlines) with their start offsets."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.split("\n")
+        self.starts: list[int] = []
+        pos = 0
+        for line in self.lines:
+            self.starts.append(pos)
+            pos += len(line) + 1
+
+    def end(self, i: int) -> int:
+        """Offset just past line ``i``'s last character (before its newline)."""
+        return self.starts[i] + len(self.lines[i])
+
+    def find(self, pattern: re.Pattern[str], start: int, need_newline: bool = False) -> int:
+        """Index of the first line from ``start`` that ``pattern`` matches whole (-1: none)."""
+        last = len(self.lines) - (1 if need_newline else 0)
+        for i in range(start, last):
+            if pattern.fullmatch(self.lines[i]):
+                return i
+        return -1
+
+
+def _fence_spans(text: str) -> list[tuple[int, int, str, str]]:
+    """(start, end, language tag, body) of each fenced block, as a multi-line regex would find them.
+
+    An opener is a line starting with three backticks (followed by a newline); the block ends at the
+    next line holding only three backticks. One pass over the lines: linear in the text's length.
+    """
+    t = _Lines(text)
+    out: list[tuple[int, int, str, str]] = []
+    i = 0
+    while True:
+        opener = t.find(_FENCE_OPEN, i, need_newline=True)
+        if opener < 0:
+            return out
+        closer = t.find(_FENCE_CLOSE, opener + 1)
+        if closer < 0:  # no closer after this opener: none after any later one either
+            return out
+        m = _FENCE_OPEN.fullmatch(t.lines[opener])
+        assert m is not None
+        body = text[t.starts[opener + 1] : t.starts[closer]]
+        out.append((t.starts[opener], t.end(closer), m.group(1), body))
+        i = closer + 1
+
+
+def _diff_spans(text: str) -> list[tuple[int, int, str, str]]:
+    """(start, end, search, replace) of each SEARCH/REPLACE block, in one pass over the lines."""
+    t = _Lines(text)
+    out: list[tuple[int, int, str, str]] = []
+    i = 0
+    while True:
+        head = t.find(_DIFF_SEARCH, i, need_newline=True)
+        if head < 0:
+            return out
+        mid = t.find(_DIFF_DIVIDE, head + 1, need_newline=True)
+        tail = t.find(_DIFF_REPLACE, mid + 1) if mid >= 0 else -1
+        if tail < 0:  # a later SEARCH line would find no divider/REPLACE line either
+            return out
+        search = text[t.starts[head + 1] : t.starts[mid]]
+        replace = text[t.starts[mid + 1] : t.starts[tail]]
+        out.append((t.starts[head], t.end(tail), search, replace))
+        i = tail + 1
+
+
+def _cut(text: str, spans: list[tuple[int, int, str, str]]) -> str:
+    pieces, pos = [], 0
+    for start, end, _, _ in spans:
+        pieces.append(text[pos:start])
+        pos = end
+    return "".join(pieces) + text[pos:]
+
+
 def code_blocks(text: str) -> list[tuple[str, str]]:
     """Fenced code blocks as (language tag, body), in order."""
-    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    return [(lang.lower(), body) for _, _, lang, body in _fence_spans(text)]
 
 
 def diff_blocks(text: str) -> list[tuple[str, str]]:
     """SEARCH/REPLACE blocks as (search, replace), in order."""
-    return [(m.group(1), m.group(2)) for m in _DIFF.finditer(text)]
+    return [(search, replace) for _, _, search, replace in _diff_spans(text)]
 
 
 def _norm(line: str) -> str:
@@ -54,6 +135,9 @@ def _norm(line: str) -> str:
 
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
+
+
+_MAX_PLACES = 100  # where a SEARCH text matches this often, counting stops (bounded time)
 
 
 def apply_diff(source: str, search: str, replace: str) -> str:
@@ -69,20 +153,38 @@ def apply_diff(source: str, search: str, replace: str) -> str:
     src_lines = source.split("\n")
     want = [_norm(x) for x in search.split("\n") if x.strip()]
     body = [(i, _norm(x)) for i, x in enumerate(src_lines) if x.strip()]
-    starts = [
-        s
-        for s in range(len(body) - len(want) + 1)
-        if all(body[s + k][1] == want[k] for k in range(len(want)))
-    ]
+    starts = _line_matches(want, [x for _, x in body], limit=_MAX_PLACES)
     head = want[0][:60]
     if len(starts) > 1 or exact > 1:
-        raise ParseFailure(
-            f"SEARCH block matches {max(len(starts), exact)} places (first line: {head!r}); quote more lines"
-        )
+        n = max(exact, len(starts))
+        places = f"{n}{'+' if n >= _MAX_PLACES else ''} places"
+        raise ParseFailure(f"SEARCH block matches {places} (first line: {head!r}); quote more lines")
     if not starts:
         raise ParseFailure(f"SEARCH block not found in the parent (first line: {head!r})")
     first, last = body[starts[0]][0], body[starts[0] + len(want) - 1][0]
     return "\n".join(src_lines[:first] + _reindent(search, replace, src_lines[first]) + src_lines[last + 1 :])
+
+
+def _line_matches(want: list[str], have: list[str], limit: int) -> list[int]:
+    """Indices where the lines ``want`` occur in ``have`` as a run (at most ``limit`` of them).
+
+    Both are joined with newlines and searched with ``str.find`` (linear in practice), instead of
+    comparing line by line at every start (quadratic on long replies).
+    """
+    if any("\n" in x for x in want) or len(want) > len(have):
+        return []
+    hay = "\n" + "\n".join(have) + "\n"
+    needle = "\n" + "\n".join(want) + "\n"
+    offsets, pos = [0], 0
+    for line in have:  # offsets[k]: where line k's preceding newline sits in ``hay``
+        pos += len(line) + 1
+        offsets.append(pos)
+    found: list[int] = []
+    at = hay.find(needle)
+    while at >= 0 and len(found) < limit:
+        found.append(bisect.bisect_left(offsets, at))
+        at = hay.find(needle, at + 1)
+    return found
 
 
 def _reindent(search: str, replace: str, matched_first: str) -> list[str]:
@@ -99,10 +201,14 @@ def _reindent(search: str, replace: str, matched_first: str) -> list[str]:
     return [x[cut:] if x[:cut].strip() == "" else x.lstrip() for x in lines]
 
 
+#: What parsing or evaluating literals of a hostile text may raise besides a syntax error.
+_AST_ERRORS = (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError)
+
+
 def _literal(node: ast.AST) -> object:
     try:
         return ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError):
+    except _AST_ERRORS:
         return None
 
 
@@ -115,7 +221,7 @@ def extract_params(source: str) -> dict[str, ParamValue]:
     ``PARAMS.get("NAME", default)`` reads, and any literal ``PARAMS = {...}`` dict."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except _AST_ERRORS:
         return {}
     params: dict[str, ParamValue] = {}
     for node in ast.walk(tree):
@@ -147,7 +253,7 @@ def extract_space(source: str) -> TunableSpace | None:
     """The ``TUNABLE = {"NAME": [values...]}`` (and ``RESTRICTIONS = [...]``) a candidate declares."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except _AST_ERRORS:
         return None
     found: dict[str, object] = {}
     for node in tree.body:
@@ -177,15 +283,18 @@ def harness_params(source: str) -> str:
 
 
 def _rationale(text: str) -> str:
-    stripped = _DIFF.sub("", _FENCE.sub("", text))
+    no_fences = _cut(text, _fence_spans(text))
+    stripped = _cut(no_fences, _diff_spans(no_fences))
     return " ".join(stripped.split())[:600]
 
 
 def _check_python(source: str) -> None:
     try:
-        compile(source, "<candidate>", "exec")
+        compile(source, "<candidate>", "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise ParseFailure(f"the code does not parse as Python: {exc.msg} at line {exc.lineno}") from None
+    except (ValueError, RecursionError, MemoryError, OverflowError) as exc:
+        raise ParseFailure(f"the code does not parse as Python: {type(exc).__name__}: {exc}"[:300]) from None
     if "class ModelNew" not in source:
         raise ParseFailure("the code defines no `class ModelNew`")
 
@@ -196,7 +305,13 @@ def parse_reply(
     """Parse a reply into source; raises :class:`ParseFailure` with a one-line reason."""
     if not isinstance(text, str) or not text.strip():
         raise ParseFailure("the reply was empty")
+    if len(text) > MAX_REPLY_CHARS:
+        raise ParseFailure(
+            f"the reply is {len(text)} characters long, more than {MAX_REPLY_CHARS} (not parsed)"
+        )
     diffs = diff_blocks(text)
+    if len(diffs) > MAX_DIFFS:
+        raise ParseFailure(f"the reply holds {len(diffs)} SEARCH/REPLACE diffs, more than {MAX_DIFFS}")
     if diffs:
         if parent_source is None:
             raise ParseFailure(
