@@ -6,11 +6,13 @@ against the options model that plugin registered.
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kfoundry.core.errors import ConfigError, PluginError
 from kfoundry.core.plugins import PluginKind, PluginManager, get_plugin_manager
@@ -64,7 +66,9 @@ class EnsembleConfig(Strict):
     meta_every: int = Field(
         default=3, ge=0, description="Rewrite one evolvable prompt section every N generations (0: never)."
     )
-    meta_llm: int = Field(default=0, ge=0, description="Index into ``llms`` of the model that rewrites prompts.")
+    meta_llm: int = Field(
+        default=0, ge=0, description="Index into ``llms`` of the model that rewrites prompts."
+    )
     novelty: bool = Field(
         default=True, description="Drop proposals identical (ignoring whitespace, comments) to earlier ones."
     )
@@ -125,25 +129,37 @@ class EvaluationConfig(Strict):
     )
     cache: bool = Field(default=True, description="Serve repeat evaluations from the store.")
     shape_variants: int = Field(
-        default=2, ge=0, le=2,
+        default=2,
+        ge=0,
+        le=2,
         description="Other shape sets (tiny, ragged) derived from the problem's size constants and tried too.",
     )
     max_trials: int = Field(
-        default=100, ge=1, description="Most correctness trials: cheap kernels get more, up to this, within the budget."
+        default=100,
+        ge=1,
+        description="Most correctness trials: cheap kernels get more, up to this, within the budget.",
     )
     correctness_budget_s: float = Field(
-        default=1.0, ge=0, description="Time the extra correctness trials (beyond the required ones) may take."
+        default=1.0,
+        ge=0,
+        description="Time the extra correctness trials (beyond the required ones) may take.",
     )
     batch_time_s: float = Field(
         default=0.01, gt=0, description="Time of one timed batch of calls (each on distinct fresh inputs)."
     )
     verified_batches: int = Field(
-        default=8, ge=1, description="Timed batches, chosen at random (and the final one), whose outputs are verified."
+        default=8,
+        ge=1,
+        description="Timed batches, chosen at random (and the final one), whose outputs are verified.",
     )
     verify_per_batch: int = Field(
-        default=1, ge=0, description="Randomly chosen calls of a verified batch that are checked besides its last call."
+        default=1,
+        ge=0,
+        description="Randomly chosen calls of a verified batch that are checked besides its last call.",
     )
-    scratch_mb: int = Field(default=512, ge=16, description="Size cap of the candidate's only writable directory.")
+    scratch_mb: int = Field(
+        default=512, ge=16, description="Size cap of the candidate's only writable directory."
+    )
     max_processes: int = Field(
         default=512, ge=16, description="Most processes and threads the candidate's process may have."
     )
@@ -157,6 +173,20 @@ class ProblemConfig(Strict):
         default_factory=dict,
         description="Overrides of module-level shape constants, e.g. ``{batch_size = 8}``.",
     )
+    max_bytes: int = Field(
+        default=32 * 2**30,
+        ge=1,
+        description="Most bytes the inputs plus outputs of one call may take (from shapes and dtypes, "
+        "checked before anything is allocated; the device's memory caps it too).",
+    )
+
+    @field_validator("shapes")
+    @classmethod
+    def _finite(cls, shapes: dict[str, int | float]) -> dict[str, int | float]:
+        for name, value in shapes.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"shape {name} must be a finite number")
+        return shapes
 
 
 class RunConfig(Strict):
@@ -198,7 +228,25 @@ def format_validation_error(exc: ValidationError, prefix: str = "", source: str 
     if err["type"] == "extra_forbidden":
         return f"config error{where}: unknown key {loc}"
     more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return f"config error{where}: {loc}: {err['msg']} (got {err.get('input')!r}){more}"
+    return f"config error{where}: {loc}: {err['msg']} (got {_short_repr(err.get('input'))}){more}"
+
+
+def _short_repr(value: Any, limit: int = 120) -> str:
+    """``repr`` on one line, cut to ``limit`` characters (a hostile value may be huge)."""
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails says nothing useful; the type does
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_INDEX = re.compile(r"[0-9]{1,6}")
+
+
+def _index(part: str) -> int | None:
+    """``part`` as a list index (ASCII digits only), else None."""
+    return int(part) if _INDEX.fullmatch(part) else None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -206,38 +254,47 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
     key, raw = text.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
+    path = [p.strip() for p in key.strip().split(".") if p.strip()]
     if not path:
-        raise ConfigError(f"--set {text!r}: empty key")
+        raise ConfigError(f"--set {_short_repr(text)}: empty key")
+    value: Any = raw.strip()
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
+        doc = tomllib.loads(f"v = {raw.strip()}")
+    except (tomllib.TOMLDecodeError, RecursionError, MemoryError, ValueError):
+        return path, value  # not a TOML value: the text itself
+    if set(doc) == {"v"}:  # a value with a newline could smuggle in more keys: then it is text
+        value = doc["v"]
     return path, value
 
 
 def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
     """Set ``data[path[0]][path[1]]... = value``; ``llms.0.name`` indexes into lists."""
+    where = _short_repr(".".join(path))
     node: Any = data
-    for i, part in enumerate(path[:-1]):
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
         if isinstance(node, list):
-            idx = int(part) if part.isdigit() else -1
-            if not 0 <= idx < len(node):
-                raise ConfigError(f"--set {'.'.join(path)}: no list item {part!r}")
-            node = node[idx]
+            idx = _index(part)
+            if idx is None or idx >= len(node):
+                raise ConfigError(f"--set {where}: no list item {_short_repr(part)}")
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
             continue
+        if not isinstance(node, dict):
+            above = ".".join(path[:i]) or "(top level)"
+            raise ConfigError(
+                f"--set {where}: {_short_repr(above)} holds a value ({type(node).__name__}), not a table"
+            )
+        if last:
+            node[part] = value
+            break
         nxt = node.get(part)
         if nxt is None:
-            nxt = [{}] if part == "llms" and path[i + 1].isdigit() else {}
+            nxt = [{}] if part == "llms" and _index(path[i + 1]) == 0 else {}
             node[part] = nxt
         node = nxt
-    last = path[-1]
-    if isinstance(node, list):
-        if not last.isdigit() or int(last) >= len(node):
-            raise ConfigError(f"--set {'.'.join(path)}: no list item {last!r}")
-        node[int(last)] = value
-    else:
-        node[last] = value
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -246,9 +303,21 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc}") from None
+    return parse_toml(text, str(p))
+
+
+def parse_toml(text: str, source: str = "") -> dict[str, Any]:
+    """A TOML document as data; every failure is one :class:`ConfigError` line naming ``source``."""
+    where = f" in {source}" if source else ""
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config error in {p}: {exc}") from None
+        raise ConfigError(f"config error{where}: {exc}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:  # nesting deeper than the parser allows
+        raise ConfigError(f"config error{where}: unreadable TOML ({type(exc).__name__})") from None
 
 
 def load_config(
@@ -270,6 +339,9 @@ def load_config(
         config = RunConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source=source)) from None
+    except (TypeError, ValueError, RecursionError) as exc:  # raised past pydantic by odd values
+        where = f" in {source}" if source else ""
+        raise ConfigError(f"config error{where}: {type(exc).__name__}: {_short_repr(str(exc))}") from None
     if validate_plugins:
         validate_plugin_options(config, manager or get_plugin_manager(), source=source)
     return config
@@ -299,6 +371,10 @@ def validate_plugin_options(config: RunConfig, manager: PluginManager, source: s
             spec.options_model.model_validate(choice.options)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, prefix=f"{key}.options", source=source)) from None
+        except (TypeError, ValueError, RecursionError) as exc:  # a plugin's validator raised past pydantic
+            raise ConfigError(
+                f"config error{where}: {key}.options: {type(exc).__name__}: {_short_repr(str(exc))}"
+            ) from None
 
 
 def plugin_options(choice: PluginChoice, kind: PluginKind, manager: PluginManager | None = None) -> BaseModel:
