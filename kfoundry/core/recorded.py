@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kfoundry.core.errors import KfError
-from kfoundry.core.space import Config, ConfigKey, ParamSpace
+from kfoundry.core.space import Config, ConfigKey, ParamSpace, SpaceError
 from kfoundry.core.tuner import Invalidity, Measurement, Trial
 
 FAILURES: dict[str, Invalidity] = {
@@ -44,20 +44,47 @@ class RecordError(KfError):
     """A recorded space (Kernel Tuner cache file) is missing or malformed."""
 
 
+#: Larger cache files are refused before they are read (bounded memory).
+MAX_CACHE_BYTES = 512 * 2**20
+_JSON_ERRORS = (ValueError, RecursionError, MemoryError)  # JSONDecodeError, too many digits, deep nesting
+
+
 def _read_json_tolerant(path: Path) -> dict[str, Any]:
-    """Parse a cache file, closing it first if a recording was cut off (as Kernel Tuner does)."""
-    if not path.is_file():
-        raise RecordError(f"recorded space not found: {path}")
-    text = path.read_text().strip()
-    if text and not text.endswith("}\n}") and not text.endswith("}}"):
-        text = text.rstrip(",") + "}\n}"
+    """Parse a cache file; one cut off mid-recording is closed first (as Kernel Tuner does)."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{path}: not a Kernel Tuner cache file: {exc}") from None
+        if not path.is_file():
+            raise RecordError(f"recorded space not found: {path}")
+        if path.stat().st_size > MAX_CACHE_BYTES:
+            raise RecordError(f"{path}: larger than {MAX_CACHE_BYTES >> 20} MiB, not read")
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordError(f"cannot read recorded space {path}: {exc}") from None
+    try:
+        data = json.loads(text)  # a closed file: its keys in any order
+    except _JSON_ERRORS as exc:
+        first = exc
+        try:  # cut off: the writer left "cache": { open, each entry ending in a comma
+            data = json.loads(text.rstrip(",") + "}\n}")
+        except _JSON_ERRORS:
+            why = " ".join(str(first).split())[:200] or type(first).__name__
+            raise RecordError(f"{path}: not a Kernel Tuner cache file: {why}") from None
     if not isinstance(data, dict):
         raise RecordError(f"{path}: not a Kernel Tuner cache file (top level is not an object)")
     return data
+
+
+def _finite(value: Any) -> bool:
+    """A real number that fits a float and is finite."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
 
 
 def config_key_string(values: Sequence[Any]) -> str:
@@ -97,37 +124,66 @@ class RecordedSpace:
         self.optimum = min(valid)
 
     @classmethod
-    def load(cls, path: str | Path, objective: str | None = None, higher_is_better: bool = False) -> RecordedSpace:
+    def load(
+        cls, path: str | Path, objective: str | None = None, higher_is_better: bool = False
+    ) -> RecordedSpace:
         """Read a Kernel Tuner cache file (closed or cut off mid-recording)."""
         p = Path(path)
         data = _read_json_tolerant(p)
         for field in ("tune_params_keys", "tune_params", "cache"):
             if field not in data:
                 raise RecordError(f"{p}: not a Kernel Tuner cache file (no {field!r})")
-        keys: list[str] = list(data["tune_params_keys"])
-        params = {k: list(data["tune_params"][k]) for k in keys if k in data["tune_params"]}
-        if list(params) != keys:
-            raise RecordError(f"{p}: tune_params lacks some of tune_params_keys {keys}")
-        obj = objective or (data.get("objective") if isinstance(data.get("objective"), str) else None) or "time"
+        keys, table, cache = data["tune_params_keys"], data["tune_params"], data["cache"]
+        if (
+            not isinstance(keys, list)
+            or not keys
+            or not all(isinstance(k, str) and k.isidentifier() for k in keys)
+        ):
+            raise RecordError(f"{p}: tune_params_keys must be a non-empty list of parameter names")
+        if len(set(keys)) != len(keys):
+            raise RecordError(f"{p}: tune_params_keys names a parameter twice")
+        if not isinstance(table, dict) or not isinstance(cache, dict):
+            raise RecordError(f"{p}: tune_params and cache must be objects")
+        params: dict[str, list[Any]] = {}
+        for k in keys:
+            values = table.get(k)
+            if not isinstance(values, list) or not values or not all(_scalar(v) for v in values):
+                raise RecordError(f"{p}: tune_params[{k!r}] must be a non-empty list of numbers or strings")
+            params[k] = values
+        obj = (
+            objective or (data.get("objective") if isinstance(data.get("objective"), str) else None) or "time"
+        )
+        allowed = {k: {repr(v) for v in vs} for k, vs in params.items()}
         entries: dict[ConfigKey, dict[str, Any]] = {}
-        for key_string, entry in data["cache"].items():
+        for key_string, entry in cache.items():
+            where = f"{p}: cache entry {key_string[:80]!r}"
             if not isinstance(entry, dict) or any(k not in entry for k in keys):
-                raise RecordError(f"{p}: cache entry {key_string!r} lacks parameter values")
+                raise RecordError(f"{where} lacks parameter values")
+            bad = next((k for k in keys if repr(entry[k]) not in allowed[k]), None)
+            if bad is not None:
+                raise RecordError(
+                    f"{where}: {bad}={str(entry[bad])[:40]!r} is not among tune_params[{bad!r}]"
+                )
             entries[tuple(entry[k] for k in keys)] = entry
-        return cls(
+        recorded = cls(
             params,
             entries,
-            device_name=str(data.get("device_name", "")),
-            kernel_name=str(data.get("kernel_name", "")),
+            device_name=str(data.get("device_name", ""))[:200],
+            kernel_name=str(data.get("kernel_name", ""))[:200],
             problem_size=data.get("problem_size"),
             objective=obj,
             higher_is_better=higher_is_better,
             name=p.stem,
         )
+        try:
+            recorded.space()
+        except SpaceError as exc:
+            raise RecordError(f"{p}: {exc}") from None
+        return recorded
 
     def _value(self, entry: Mapping[str, Any]) -> float | None:
         raw = entry.get(self.objective_name)
-        if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        if raw is None or not _finite(raw):  # a failure name, or a number no float holds
             return None
         return -float(raw) if self.higher_is_better else float(raw)
 
@@ -146,7 +202,9 @@ class RecordedSpace:
         key = tuple(config[k] for k in self.keys_order)
         entry = self.entries.get(key)
         if entry is None:
-            return Measurement(None, "constraints", f"configuration {config_key_string(key)} was not recorded")
+            return Measurement(
+                None, "constraints", f"configuration {config_key_string(key)} was not recorded"
+            )
         value = self.values[key]
         if value is None:
             raw = entry.get(self.objective_name)
@@ -154,7 +212,7 @@ class RecordedSpace:
         times = entry.get("times")
         return Measurement(
             value,
-            times=list(times) if isinstance(times, list) else [],
+            times=[float(t) for t in times if _finite(t)] if isinstance(times, list) else [],
             compile_time_ms=entry.get("compile_time"),
         )
 
@@ -196,7 +254,9 @@ class CacheWriter:
         if self.path.is_file() and self.path.stat().st_size:
             data = _read_json_tolerant(self.path)
             if list(data.get("tune_params_keys", [])) != self.keys_order:
-                raise RecordError(f"{self.path}: recorded with other parameters {data.get('tune_params_keys')}")
+                raise RecordError(
+                    f"{self.path}: recorded with other parameters {data.get('tune_params_keys')}"
+                )
             existing = dict(data.get("cache", {}))
         header = {
             "device_name": device_name,
@@ -231,7 +291,9 @@ class CacheWriter:
 
     def add_measurement(self, config: Mapping[str, Any], m: Measurement) -> None:
         """Append a :class:`Measurement` in Kernel Tuner's vocabulary."""
-        result: dict[str, Any] = {"time": m.value if m.valid else _INVALIDITY_NAME.get(m.invalidity, "RuntimeFailedConfig")}
+        result: dict[str, Any] = {
+            "time": m.value if m.valid else _INVALIDITY_NAME.get(m.invalidity, "RuntimeFailedConfig")
+        }
         if m.valid:
             result["times"] = list(m.times)
         result["compile_time"] = m.compile_time_ms or 0.0
