@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "kfoundry.core.commands.replay",
     "kfoundry.core.commands.llm_calls",
     "kfoundry.core.commands.doctor",
+    "kfoundry.mcp.command",
 ]
 
 DEFAULT_COMMAND = "optimize"

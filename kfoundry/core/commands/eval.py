@@ -99,6 +99,32 @@ def render(record: EvalRecord, console: Console) -> None:
         console.print(record.log[-2000:], markup=False, highlight=False)
 
 
+def evaluate(
+    problem: str | Path,
+    candidate: str | Path | Candidate,
+    config: RunConfig,
+    shapes: dict[str, int | float] | None = None,
+    params: dict[str, ParamValue] | None = None,
+) -> EvalRecord:
+    """Judge ``candidate`` (a file, or a :class:`Candidate`) on ``problem`` as ``kf-run eval`` does.
+
+    The store is ``<output_dir>/eval-cache.sqlite``; bad input raises a one-line :class:`KfError`.
+    """
+    # imported here, not at module level: they import torch, which `kf-run --help` need not wait for
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+
+    _validate_plugins(config)
+    prob = load_problem(problem, dict(config.problem.shapes) | dict(shapes or {}))
+    cand = candidate if isinstance(candidate, Candidate) else read_candidate(candidate, params)
+    store = Store(Path(config.output_dir) / "eval-cache.sqlite")
+    try:
+        with Evaluator(prob, config, store=store) as evaluator:
+            return evaluator.evaluate(cand)
+    finally:
+        store.close()
+
+
 @click.command(
     "eval",
     epilog="""\b
@@ -138,19 +164,10 @@ def command(
         sets.append(f"backend.device={json.dumps(device)}")
     if no_cache:
         sets.append("evaluation.cache=false")
-    # imported here, not at module level: they import torch, which `kf-run --help` need not wait for
-    from kfoundry.core.evaluation import Evaluator
-    from kfoundry.core.problem import load_problem, parse_shape_overrides
+    from kfoundry.core.problem import parse_shape_overrides
 
     config = load_config(config_path, sets, validate_plugins=False)
-    _validate_plugins(config)
-    shape_values = dict(config.problem.shapes) | parse_shape_overrides(shapes)
-    prob = load_problem(problem, shape_values)
-    cand = read_candidate(candidate, parse_params(params))
-    store = Store(Path(config.output_dir) / "eval-cache.sqlite")
-    with Evaluator(prob, config, store=store) as evaluator:
-        record = evaluator.evaluate(cand)
-    store.close()
+    record = evaluate(problem, candidate, config, parse_shape_overrides(shapes), parse_params(params))
     if as_json:
         click.echo(record.model_dump_json(indent=2))
     else:

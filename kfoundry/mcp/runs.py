@@ -1,0 +1,261 @@
+"""Background optimisation runs: ``start_optimization`` and ``run_status``.
+
+A run is a ``kf-run resume RUN_DIR`` child process in its own run folder under the runs root: the
+server writes the folder (``run.json``, as ``kf-run PROBLEM`` would) and returns at once; the child
+runs the loop, crash-isolated, and keeps going if the server exits. ``run_status`` reads the folder:
+the store (``kfoundry.db``) for progress and the best kernel so far, ``mcp.json`` for the process and
+``mcp.log`` (the child's output) for the reason of a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kfoundry.core.commands.optimize import budget_total
+from kfoundry.core.config import load_config
+from kfoundry.core.errors import KfError, ProblemError
+from kfoundry.core.loop import (
+    RUN_FILE,
+    STORE_FILE,
+    find_seed_kernel,
+    new_run_dir,
+    read_run_file,
+    write_run_file,
+)
+from kfoundry.core.models import Candidate, EvalRecord
+from kfoundry.core.store import Store
+from kfoundry.mcp.models import RunStatusArgs, StartOptimizationArgs
+from kfoundry.mcp.settings import ServerSettings, backend_language
+
+PROCESS_FILE = "mcp.json"
+LOG_FILE = "mcp.log"
+#: How the child is started: ``kf-run resume RUN_DIR`` with this very interpreter.
+_CHILD = "from kfoundry.core.cli import main; main()"
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class RunError(KfError):
+    """An unknown run id, a run folder that cannot be read, or a candidate not in the run."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_folder(settings: ServerSettings, run_id: str) -> Path:
+    """The folder of ``run_id`` under the runs root, or :class:`RunError`."""
+    folder = settings.runs_root / run_id
+    if not _RUN_ID.match(run_id) or not (folder / RUN_FILE).is_file():
+        raise RunError(
+            f"unknown run id {run_id!r} (no run folder with {RUN_FILE} under {settings.runs_root})"
+        )
+    return folder
+
+
+def open_store(folder: Path) -> Store | None:
+    """The run's store, or None while the child has not created it yet."""
+    path = folder / STORE_FILE
+    return Store(path) if path.is_file() else None
+
+
+def has_table(store: Store, name: str) -> bool:
+    return bool(store.query("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)))
+
+
+def best_record(store: Store, run_id: str) -> tuple[Candidate | None, EvalRecord] | None:
+    """The fastest correct kernel of a run so far (search and tuning alike), with its record."""
+    rows = store.query(
+        """SELECT candidate_hash, record FROM evaluations WHERE run_id=? AND outcome='correct'
+           AND median_ms IS NOT NULL ORDER BY median_ms, id LIMIT 1""",
+        (run_id,),
+    )
+    if not rows:
+        return None
+    return store.get_candidate(rows[0]["candidate_hash"]), EvalRecord.model_validate_json(rows[0]["record"])
+
+
+def kernel_summary(candidate: Candidate | None, record: EvalRecord) -> dict[str, Any]:
+    """A kernel in one line of data: id, label, verdict and times."""
+    return {
+        "candidate_id": record.candidate_hash,
+        "label": candidate.label if candidate else "",
+        "language": candidate.language if candidate else None,
+        "params": candidate.params if candidate else {},
+        "generator": candidate.generator if candidate else None,
+        "outcome": record.outcome.value,
+        "median_ms": record.timing.median_ms if record.timing else None,
+        "iqr_ms": record.timing.iqr_ms if record.timing else None,
+        "reference_ms": record.reference_timing.median_ms if record.reference_timing else None,
+        "speedup": record.speedup,
+        "roofline_fraction": record.roofline_fraction,
+        "roofline_flag": record.roofline_flag,
+        "backend": record.backend,
+        "device": record.device,
+    }
+
+
+def _last_error(log: Path) -> str | None:
+    """The child's ``error: ...`` line (or its last line), for a failed run."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines)[-1] if lines else None
+
+
+def _pid_runs(pid: int, folder: Path) -> bool:
+    """Whether ``pid`` is alive and is this run's child (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and str(folder).encode() in cmdline
+
+
+class RunManager:
+    """Starts runs as child processes and reports on run folders (its own and any other)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    # -- start -------------------------------------------------------------------------------------
+
+    def start(self, args: StartOptimizationArgs) -> dict[str, Any]:
+        """Validate the run's inputs (config, problem, seed), write its folder and start its child."""
+        from kfoundry.core.problem import load_problem
+
+        config = self.settings.config(args.overrides, backend=args.backend)
+        path = Path(args.problem).resolve()
+        shapes = {**config.problem.shapes, **args.shapes}
+        problem = load_problem(path, shapes)  # a malformed problem or an unknown shape fails here, at once
+        seed = find_seed_kernel(path, backend_language(config))
+        if args.seed_kernel is not None:
+            seed = Path(args.seed_kernel).resolve()
+            if not seed.is_file():
+                raise ProblemError(f"seed kernel not found: {args.seed_kernel}")
+        run_id, folder = new_run_dir(config, problem.name)
+        write_run_file(folder, run_id, path, shapes, config, seed)
+        argv = [sys.executable, "-c", _CHILD, "resume", str(folder)]
+        with open(folder / LOG_FILE, "wb") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        process = {"pid": proc.pid, "argv": argv, "started_at": _now(), "returncode": None, "ended_at": None}
+        (folder / PROCESS_FILE).write_text(json.dumps(process, indent=2))
+        with self._lock:
+            self._procs[run_id] = proc
+        threading.Thread(target=self._watch, args=(run_id, folder, proc), daemon=True).start()
+        return {
+            "run_id": run_id,
+            "run_dir": str(folder),
+            "status": "running",
+            "pid": proc.pid,
+            "problem": problem.name,
+            "shapes": shapes,
+            "planned_evaluations": budget_total(config),
+        }
+
+    def _watch(self, run_id: str, folder: Path, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        path = folder / PROCESS_FILE
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            data = {"pid": proc.pid}
+        data.update(returncode=code, ended_at=_now())
+        path.write_text(json.dumps(data, indent=2))
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def _process(self, run_id: str, folder: Path) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((folder / PROCESS_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # a run folder this server did not start
+        with self._lock:
+            proc = self._procs.get(run_id)
+        if proc is not None:
+            code = proc.poll()
+            data["alive"] = code is None
+            data["returncode"] = code
+        else:
+            data["alive"] = data.get("returncode") is None and _pid_runs(int(data.get("pid", 0)), folder)
+        return data
+
+    def status(self, args: RunStatusArgs) -> dict[str, Any]:
+        """Progress of a run (generation, evaluations, best kernel so far) and whether it is still going."""
+        folder = run_folder(self.settings, args.run_id)
+        info = read_run_file(folder)
+        config = load_config(data=info["config"], validate_plugins=False)
+        process = self._process(args.run_id, folder)
+        out: dict[str, Any] = {
+            "run_id": args.run_id,
+            "run_dir": str(folder),
+            "problem": Path(info["problem"]).stem,
+            "shapes": info.get("shapes") or {},
+            "generation": 0,
+            "generations": config.budget.generations,
+            "evaluations": 0,
+            "planned_evaluations": budget_total(config),
+            "correct": 0,
+            "best": None,
+            "stop_reason": "",
+            "summary": None,
+            "process": process,
+        }
+        stored_status = ""
+        store = open_store(folder)
+        if store is not None:
+            try:
+                stored_status = self._read_store(store, info["run_id"], out)
+            finally:
+                store.close()
+        if stored_status == "finished":
+            status = "finished"
+        elif process is None:
+            status = stored_status or "starting"  # a folder run by another kf-run: the store says
+        elif process["alive"]:
+            status = "running"
+        elif process.get("returncode") not in (None, 0):
+            status = "failed"
+            out["error"] = _last_error(folder / LOG_FILE)
+        else:
+            status = "stopped"  # killed from outside: `kf-run resume RUN_DIR` continues it
+        out["status"] = status
+        return out
+
+    def _read_store(self, store: Store, run_id: str, out: dict[str, Any]) -> str:
+        run = store.get_run(run_id)
+        out["evaluations"] = int(
+            store.query("SELECT COUNT(*) AS n FROM evaluations WHERE run_id=?", (run_id,))[0]["n"]
+        )
+        out["correct"] = int(
+            store.query(
+                "SELECT COUNT(*) AS n FROM evaluations WHERE run_id=? AND outcome='correct'", (run_id,)
+            )[0]["n"]
+        )
+        if has_table(store, "loop_state"):
+            rows = store.query("SELECT data FROM loop_state WHERE run_id=?", (run_id,))
+            if rows:
+                state = json.loads(rows[0]["data"])
+                out["generation"] = state.get("generation", 0)
+                out["stop_reason"] = state.get("stop_reason", "")
+                out["elapsed_s"] = round(float(state.get("elapsed_s", 0.0)), 3)
+        best = best_record(store, run_id)
+        out["best"] = kernel_summary(*best) if best else None
+        if run is None:
+            return ""
+        if run["status"] == "finished":
+            out["summary"] = run["summary"]
+        return str(run["status"])
