@@ -7,6 +7,7 @@ shows the traceback.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import traceback
 import warnings
@@ -60,14 +61,47 @@ Examples:
 )
 @click.version_option(__version__, prog_name="kf-run")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.option("-v", "--verbose", count=True, help="More log lines (-vv: debug); allowed anywhere on the line.")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only; allowed anywhere on the line.")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: int, quiet: bool) -> None:
     """kfoundry: find fast, correct GPU kernels automatically.
 
     Run ``kf-run PROBLEM`` to optimize a problem file, or one of the commands below.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    ctx.obj["terminal"] = configure_logging(verbose, quiet)
+
+
+def configure_logging(verbose: int = 0, quiet: bool = False, stream: Any = None) -> bool:
+    """Send the ``kfoundry`` loggers to stderr; True when it is a terminal (a progress bar is drawn).
+
+    On a terminal, records go through rich at WARNING (INFO with ``-v``), the progress bar showing
+    the rest; otherwise plain timestamped lines at INFO, one per evaluation and per generation
+    (``-q``: WARNING, ``-v``: DEBUG).
+    """
+    stream = stream or sys.stderr
+    terminal = bool(getattr(stream, "isatty", lambda: False)())
+    logger = logging.getLogger("kfoundry")
+    for old in [h for h in logger.handlers if h.get_name() == "kf-run"]:
+        logger.removeHandler(old)
+    handler: logging.Handler
+    if terminal:
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=Console(file=stream), show_path=False, markup=False)
+        level = logging.WARNING if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    else:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        level = logging.WARNING if quiet else (logging.INFO if verbose == 0 else logging.DEBUG)
+    handler.set_name("kf-run")
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return terminal
 
 
 def _register_commands() -> None:
@@ -84,6 +118,19 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _register_plugin_commands() -> None:
+    """Commands that plugins add through ``kf_register_commands`` (report and export are such plugins)."""
+    from kfoundry.core import hooks
+
+    hooks.register_commands(cli)
+
+
+_register_plugin_commands()
+
+#: Flags of the group that may appear anywhere on the command line (moved before the subcommand).
+_ANYWHERE_FLAGS = {"-v", "-vv", "-vvv", "--verbose", "-q", "--quiet"}
+
+
 def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
     return f"warning: {message}\n"
 
@@ -92,6 +139,9 @@ def main(argv: list[str] | None = None) -> Any:
     """Entry point of ``kf-run``."""
     warnings.formatwarning = _one_line_warning
     args = list(sys.argv[1:] if argv is None else argv)
+    cut = args.index("--") if "--" in args else len(args)
+    hoisted = [a for a in args[:cut] if a in _ANYWHERE_FLAGS]
+    args = hoisted + [a for a in args[:cut] if a not in _ANYWHERE_FLAGS] + args[cut:]
     debug = "--debug" in args
     try:
         return cli.main(args=args, prog_name="kf-run", standalone_mode=False)

@@ -173,6 +173,11 @@ class ProblemConfig(Strict):
         default_factory=dict,
         description="Overrides of module-level shape constants, e.g. ``{batch_size = 8}``.",
     )
+    shape_sets: list[dict[str, int | float]] = Field(
+        default_factory=list,
+        description="Shape sets of a multi-shape run, each over ``shapes`` (e.g. ``[{dim = 256}, {dim = 4096}]``): "
+        "candidates are judged on every set, fitness is the geo-mean speedup. Empty: the one set ``shapes``.",
+    )
     max_bytes: int = Field(
         default=32 * 2**30,
         ge=1,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 from kfoundry.core.models import Candidate, EvalRecord
-from kfoundry.core.plugins import PluginManager, get_plugin_manager
+from kfoundry.core.plugins import PluginManager, PluginWarning, get_plugin_manager
+
+if TYPE_CHECKING:
+    import click
 
 
 def _hook(manager: PluginManager | None) -> Any:
@@ -38,3 +42,22 @@ def run_started(run_id: str, config: dict[str, Any], manager: PluginManager | No
 def run_finished(run_id: str, summary: dict[str, Any], manager: PluginManager | None = None) -> None:
     """Tell plugins that a run ended."""
     _hook(manager).kf_run_finished(run_id=run_id, summary=summary)
+
+
+def register_commands(cli: click.Group, manager: PluginManager | None = None) -> list[str]:
+    """Let plugins add subcommands to ``cli``; returns the names added. A plugin may not replace a
+    command that exists already, and one whose hook raises costs a one-line warning, not the tool."""
+    before = dict(cli.commands)
+    pm = (manager or get_plugin_manager()).pm
+    for impl in pm.hook.kf_register_commands.get_hookimpls():
+        try:
+            impl.function(cli=cli)
+        except Exception as exc:  # a broken plugin must not take kf-run down
+            warnings.warn(f"kfoundry: plugin {impl.plugin_name!r} could not add commands: "
+                          f"{type(exc).__name__}: {exc}", PluginWarning, stacklevel=2)
+    for name, command in before.items():
+        if cli.commands.get(name) is not command:
+            cli.commands[name] = command
+            warnings.warn(f"kfoundry: a plugin tried to replace the kf-run command {name!r}; kept the built-in one",
+                          PluginWarning, stacklevel=2)
+    return sorted(set(cli.commands) - set(before))

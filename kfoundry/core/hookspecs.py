@@ -15,6 +15,7 @@ import pluggy
 from kfoundry import PROJECT_NAME
 
 if TYPE_CHECKING:
+    import click
     from pydantic import BaseModel
 
     from kfoundry.core.models import Candidate, EvalRecord
@@ -76,6 +77,16 @@ def kf_register_executors(register: Register) -> None:
 @hookspec
 def kf_register_descriptors(register: Register) -> None:
     """Register behaviour-descriptor extractors per kernel language (for the MAP-Elites archive)."""
+
+
+@hookspec
+def kf_register_commands(cli: click.Group) -> None:
+    """Add ``kf-run`` subcommands: call ``cli.add_command(...)`` or decorate with ``@cli.command()``.
+
+    ``cli`` is the ``kf-run`` click group (simonw/llm's ``register_commands`` pattern). A name that a
+    built-in command already has is refused with a warning; ``kf-run report`` and ``kf-run export``
+    are registered this way by kfoundry's own plugins.
+    """
 
 
 # --- lifecycle ----------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ wall time, stagnation, LLM cost) are checked before every evaluation.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsup
 from kfoundry.core.models import Candidate, EvalRecord, Outcome, Proposal
 from kfoundry.core.search import SearchAsk, SearchResult, SearchStrategy
 from kfoundry.core.store import Store
+
+log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 STORE_FILE = "kfoundry.db"
@@ -132,6 +136,53 @@ class LoopSummary:
             "speedup_over_seed": self.speedup_over_seed,
             "exported": str(self.exported) if self.exported else None,
         }
+
+
+class ShapeSetEvaluator:
+    """Evaluates each candidate on several shape sets, one evaluator per set, and aggregates.
+
+    A candidate is correct when it is correct on every set (evaluation stops at the first set it
+    fails, whose record is returned); its speedup is the geometric mean of the sets' speedups and
+    its timing the first set's. Each set's verdict is kept in ``record.resources["per_shape"]``.
+    """
+
+    def __init__(self, evaluators: list[Any], shape_sets: list[dict[str, int | float]]) -> None:
+        if not evaluators or len(evaluators) != len(shape_sets):
+            raise LoopError("a multi-shape run needs one evaluator per shape set")
+        self.evaluators, self.shape_sets = evaluators, shape_sets
+        first = evaluators[0]
+        self.problem, self.backend, self.config = first.problem, first.backend, first.config
+        self.store, self.run_id = getattr(first, "store", None), getattr(first, "run_id", None)
+
+    @property
+    def device(self) -> Any:
+        return self.evaluators[0].device
+
+    @property
+    def backend_name(self) -> str:
+        return str(self.evaluators[0].backend_name)
+
+    def evaluate(self, candidate: Candidate) -> EvalRecord:
+        records: list[EvalRecord] = []
+        for evaluator in self.evaluators:
+            records.append(evaluator.evaluate(candidate))
+            if not records[-1].is_correct:
+                break
+        per_shape = [
+            {"shapes": dict(s), "outcome": r.outcome.value, "speedup": r.speedup, "eval_key": r.eval_key,
+             "median_ms": r.timing.median_ms if r.timing else None,
+             "reference_ms": r.reference_timing.median_ms if r.reference_timing else None}
+            for s, r in zip(self.shape_sets, records, strict=False)
+        ]
+        base = records[-1] if not records[-1].is_correct else records[0]
+        speedups = [r.speedup for r in records]
+        update: dict[str, Any] = {"resources": {**base.resources, "per_shape": per_shape}}
+        if base.is_correct and all(x is not None and x > 0 for x in speedups):
+            update["speedup"] = math.exp(sum(math.log(x) for x in speedups if x) / len(speedups))
+            update["roofline_flag"] = any(r.roofline_flag for r in records)
+        elif not base.is_correct and len(self.shape_sets) > 1:
+            update["message"] = f"on shape set {self.shape_sets[len(records) - 1]}: {base.message}"
+        return base.model_copy(update=update)
 
 
 def build_generator(config: RunConfig, store: Store, run_id: str, run_dir: Path, language: str) -> Generator:
@@ -391,6 +442,7 @@ class OptimizeLoop:
                     break
                 self._evaluate(row)
                 self.save_state()
+                self._log_evaluation(row)
                 if self.observer:
                     self.observer.evaluated(self, row)
             if reason:
@@ -405,6 +457,7 @@ class OptimizeLoop:
         self.save_state()
         summary = self.summary()
         summary.exported = self.export_best()
+        log.info("run %s stopped: %s; best %s", self.run_id, reason, _best_text(summary.best))
         hooks.run_finished(self.run_id, summary.as_dict())
         self.store.save_run(self.run_id, self.problem.name, resolved_config(self.config), "finished", summary.as_dict())
         return summary
@@ -426,8 +479,23 @@ class OptimizeLoop:
             "evaluations": self.evaluations, "best_speedup": best.record.speedup if best else None,
             "coverage": self.strategy.archive.coverage(),
         })
+        log.info("generation %d done: %d evaluations, best %s, %d cells, %.1f s", g, self.evaluations,
+                 _best_text(best), len(self.strategy.archive), self.elapsed)
         if self.observer:
             self.observer.generation_done(self, g)
+
+    def _log_evaluation(self, row: Row) -> None:
+        rec = row.record
+        label = row.candidate.label if row.candidate else "(no code)"
+        params = f" {row.candidate.params}" if row.candidate and row.candidate.params else ""
+        verdict = rec.outcome.value if rec else "?"
+        if rec is not None and rec.is_correct and rec.speedup:
+            ms = f" {rec.timing.median_ms:.4f} ms" if rec.timing else ""
+            verdict = f"{verdict} {rec.speedup:.2f}x{ms}"
+        budget = self.config.budget.evaluations
+        of = f"/{budget}" if budget else ""
+        log.info("gen %d eval %d%s: %s%s -> %s%s (best %s)", row.generation, self.evaluations, of, label, params,
+                 verdict, " (cached)" if rec is not None and rec.cached else "", _best_text(self.strategy.best))
 
     def _recover_seed_record(self) -> None:
         for row in self.rows(0):
@@ -464,22 +532,29 @@ class OptimizeLoop:
                 break
             wall = None if b.wall_time_s is None else max(1.0, b.wall_time_s - self.elapsed)
             budget = min(self.config.tuner.evaluations, left) if left is not None else self.config.tuner.evaluations
+            log.info("tuning %s (%d evaluations)", cell.candidate.label, budget)
             if self.observer:
                 self.observer.note(self, f"tuning {cell.candidate.label} ({budget} evaluations)")
             trials = 0
 
-            def count(_trial: Any, _record: EvalRecord) -> None:
+            def count(trial: Any, record: EvalRecord, label: str = cell.candidate.label, of: int = budget) -> None:
                 nonlocal trials
                 trials += 1
+                speed = f" {record.speedup:.2f}x" if record.is_correct and record.speedup else ""
+                log.info("tune %s trial %d/%d %s -> %s%s", label, trials, of, getattr(trial, "config", trial),
+                         record.outcome.value, speed)
 
             try:
                 result = tune_candidate(self.evaluator, cell.candidate, self.config.tuner, evaluations=budget,
                                         wall_time_s=wall, seed=self.config.seed, on_trial=count)
             except KfError as exc:
+                log.warning("tuning %s skipped: %s", cell.candidate.label, exc)
                 if self.observer:
                     self.observer.note(self, f"tuning skipped: {exc}")
                 continue
             self.state.tuning_evaluations += trials
+            log.info("tuned %s: %d trials, best %s (%s ms)", cell.candidate.label, trials, result.best_params,
+                     f"{result.best_time_ms:.4f}" if result.best_time_ms is not None else "-")
             self.store.execute(
                 "INSERT INTO loop_tuning (run_id, generation, candidate_hash, result) VALUES (?,?,?,?)",
                 (self.run_id, generation, cell.candidate.content_hash, result.model_dump_json()),
@@ -523,6 +598,12 @@ class OptimizeLoop:
         return path
 
 
+def _best_text(best: SearchResult | None) -> str:
+    if best is None or not best.record.is_correct:
+        return "none correct yet"
+    return f"{best.record.speedup or 0:.2f}x ({best.candidate.label})"
+
+
 # -- run folders -------------------------------------------------------------------------------------
 
 
@@ -539,12 +620,21 @@ def new_run_dir(config: RunConfig, problem_name: str) -> tuple[str, Path]:
 
 
 def write_run_file(run_dir: Path, run_id: str, problem_path: Path, shapes: dict[str, Any], config: RunConfig,
-                   seed_kernel: Path | None) -> None:
-    """What ``kf-run resume`` needs to rebuild the run."""
-    (run_dir / RUN_FILE).write_text(json.dumps({
+                   seed_kernel: Path | None, shape_sets: list[dict[str, Any]] | None = None) -> None:
+    """What ``kf-run resume`` needs to rebuild the run (``shape_sets``: a multi-shape run's sets)."""
+    data: dict[str, Any] = {
         "run_id": run_id, "problem": str(problem_path.resolve()), "shapes": shapes,
         "config": config.model_dump(mode="json"), "seed_kernel": str(seed_kernel.resolve()) if seed_kernel else None,
-    }, indent=2))
+    }
+    if shape_sets and len(shape_sets) > 1:
+        data["shape_sets"] = shape_sets
+    (run_dir / RUN_FILE).write_text(json.dumps(data, indent=2))
+
+
+def run_shape_sets(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shape sets of a run read from its ``run.json`` (one set for a single-shape run)."""
+    sets = info.get("shape_sets")
+    return [dict(s) for s in sets] if sets else [dict(info.get("shapes") or {})]
 
 
 def read_run_file(run_dir: Path) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -11,17 +12,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kfoundry.core.config import RunConfig, load_config
-from kfoundry.core.errors import ConfigError, KfError
-from kfoundry.core.loop import (
-    STORE_FILE,
-    LoopSummary,
-    OptimizeLoop,
-    Row,
-    find_seed_kernel,
-    new_run_dir,
-    write_run_file,
-)
-from kfoundry.core.store import Store
+from kfoundry.core.errors import ConfigError
+from kfoundry.core.loop import OptimizeLoop, Row
+
+if TYPE_CHECKING:
+    from kfoundry.api import OptimizeResult
 
 
 class RichObserver:
@@ -79,12 +74,12 @@ def budget_total(config: RunConfig) -> int:
     return min(planned, b.evaluations) if b.evaluations else planned
 
 
-def print_summary(console: Console, loop: OptimizeLoop, summary: LoopSummary) -> None:
-    """The archive table, then the best kernel."""
-    table = Table(title=f"archive ({len(loop.strategy.archive)} elites, coverage {summary.coverage:.0%} of cells)")
+def print_summary(console: Console, result: OptimizeResult) -> None:
+    """The archive table, the per-shape table of a multi-shape run, then the best kernel."""
+    table = Table(title=f"archive ({len(result.archive)} elites, coverage {result.coverage:.0%} of cells)")
     for col in ("island", "cell (mem,cmp,par)", "kernel", "params", "outcome", "speedup", "ms"):
         table.add_column(col)
-    for cell in loop.strategy.archive:
+    for cell in result.archive:
         rec = cell.record
         table.add_row(
             str(cell.island), str(tuple(cell.coords)), cell.candidate.label + (" (migrant)" if cell.migrated else ""),
@@ -92,47 +87,69 @@ def print_summary(console: Console, loop: OptimizeLoop, summary: LoopSummary) ->
             f"{rec.speedup:.2f}x" if rec.speedup else "-", f"{rec.timing.median_ms:.3f}" if rec.timing else "-",
         )
     console.print(table)
-    best = summary.best
-    console.print(f"stopped: {summary.stop_reason} · {summary.generations} generations, {summary.evaluations} evaluations")
-    usage = getattr(loop.generator, "usage", None)  # an LLM ensemble reports its spend
-    if callable(usage):
-        u = usage()
+    if len(result.best_per_shape) > 1:
+        shapes = Table(title="best kernel per shape set")
+        for col in ("shapes", "outcome", "speedup", "ms", "reference ms"):
+            shapes.add_column(col)
+        for s in result.best_per_shape:
+            shapes.add_row(", ".join(f"{k}={v}" for k, v in s.shapes.items()), s.outcome,
+                           f"{s.speedup:.2f}x" if s.speedup else "-", f"{s.median_ms:.4f}" if s.median_ms else "-",
+                           f"{s.reference_ms:.4f}" if s.reference_ms else "-")
+        console.print(shapes)
+    best = result.best
+    console.print(f"stopped: {result.stop_reason} · {result.generations} generations, {result.evaluations} evaluations")
+    if result.llm_usage:
+        u = result.llm_usage
         console.print(f"LLM: {u['calls']} calls, {u['tokens_in'] + u['tokens_out']} tokens, ${u['cost_usd']:.4f}")
     if best is None or not best.record.is_correct:
         console.print("[red]no correct kernel found[/red]")
         return
     rec = best.record
-    seed = f", {summary.speedup_over_seed:.1f}x faster than the naive seed" if summary.speedup_over_seed else ""
+    seed = f", {result.speedup_over_seed:.1f}x faster than the naive seed" if result.speedup_over_seed else ""
     spread = f" (IQR {rec.timing.iqr_ms:.3f} ms, n={rec.timing.n})" if rec.timing else ""
+    geo = " (geo-mean over shape sets)" if len(result.shape_sets) > 1 else ""
     console.print(
         f"[bold green]best kernel:[/bold green] {best.candidate.label} {best.candidate.params} · "
         f"{rec.timing.median_ms if rec.timing else float('nan'):.3f} ms{spread} · "
-        f"{rec.speedup:.2f}x vs the reference{seed}"
+        f"{rec.speedup:.2f}x vs the reference{geo}{seed}"
         + (" [yellow](flagged for review)[/yellow]" if rec.roofline_flag else "")
     )
-    if summary.exported:
-        console.print(f"exported: {summary.exported}")
-    console.print(f"run folder: {summary.run_dir}   (resume: kf-run resume {summary.run_dir})")
+    if result.exported:
+        console.print(f"exported: {result.exported}")
+    if result.report:
+        console.print(f"report: {result.report}")
+    console.print(f"run folder: {result.run_dir}   (resume: kf-run resume {result.run_dir})")
 
 
-def run_loop(config: RunConfig, problem_path: Path, shapes: dict[str, Any], run_id: str, run_dir: Path,
-             seed_kernel: Path | None, console: Console) -> LoopSummary:
-    """Build the problem, evaluator and loop for a run folder and run it to the end."""
-    from kfoundry.core.evaluation import Evaluator
-    from kfoundry.core.problem import load_problem
+def cli_observer(config: RunConfig) -> RichObserver | None:
+    """A progress bar on a terminal (stderr); None without one (the log lines say it all)."""
+    ctx = click.get_current_context(silent=True)
+    terminal = bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("terminal"))
+    return RichObserver(Console(stderr=True), budget_total(config)) if terminal else None
 
-    problem = load_problem(problem_path, shapes)
-    store = Store(run_dir / STORE_FILE)
-    store.save_run(run_id, problem.name, config.model_dump(mode="json"))
-    evaluator = Evaluator(problem, config, store, run_id)
-    observer = RichObserver(console, budget_total(config))
-    loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, observer=observer, seed_kernel=seed_kernel)
+
+def finish(result: OptimizeResult, as_json: bool, console: Console | None = None) -> None:
+    """Print a run's result: JSON on stdout, or the summary for people."""
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        print_summary(console or Console(), result)
+
+
+def run_loop(config: RunConfig, problem_path: Path, shapes: dict[str, Any] | list[dict[str, Any]], run_id: str,
+             run_dir: Path, seed_kernel: Path | None, console: Console,
+             observer: RichObserver | None = None) -> OptimizeResult:
+    """Run a run folder's loop to the end (a shape set, or a list of them) and print its summary."""
+    from kfoundry.api import run_folder
+
+    sets = shapes if isinstance(shapes, list) else [shapes]
     try:
-        summary = loop.run()
+        result = run_folder(config, problem_path, sets, run_id, run_dir, seed_kernel, observer)
     finally:
-        observer.stop()
-    print_summary(console, loop, summary)
-    return summary
+        if observer is not None:
+            observer.stop()
+    print_summary(console, result)
+    return result
 
 
 @click.command(
@@ -142,39 +159,54 @@ Examples:
   kf-run examples/kernelbench/matmul.py
   kf-run examples/kernelbench/softmax.py --set search.name=ga --set budget.generations=4
   kf-run examples/kernelbench/matmul.py --shape M=512 --set budget.wall_time_s=300
+  kf-run examples/kernelbench/softmax.py --shape batch_size=16,64 --shape dim=256,4096   (4 shape sets)
+  kf-run examples/kernelbench/softmax.py --json | jq .best.speedup
 """,
 )
 @click.argument("problem", required=False)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML run config.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config value.")
-@click.option("--shape", "shape_items", multiple=True, metavar="NAME=VALUE", help="Override a shape constant.")
+@click.option("--shape", "shape_items", multiple=True, metavar="NAME=V1[,V2..]",
+              help="Override a shape constant; several values (or the option repeated) make shape sets.")
 @click.option("--seed-kernel", type=click.Path(dir_okay=False, exists=True), help="Naive seed kernel to start from.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (progress stays on stderr).")
 def command(problem: str | None, config_path: str | None, overrides: tuple[str, ...], shape_items: tuple[str, ...],
-            seed_kernel: str | None) -> None:
+            seed_kernel: str | None, as_json: bool) -> None:
     """Optimize PROBLEM (a KernelBench .py file or a native task .toml): search, evaluate, tune, export."""
-    from kfoundry.core.problem import parse_shape_overrides
+    from kfoundry.api import optimize
 
     config = load_config(config_path, overrides)
     path_text = problem or config.problem.path
     if not path_text:
         raise ConfigError("no problem given: kf-run PROBLEM (or problem.path in the config)")
-    path = Path(path_text)
-    shapes = {**config.problem.shapes, **parse_shape_overrides(list(shape_items))}
-    language = _language(config)
-    seed = Path(seed_kernel) if seed_kernel else find_seed_kernel(path, language)
-    if not path.is_file():
-        raise ConfigError(f"problem file not found: {path}")
-    run_id, run_dir = new_run_dir(config, path.stem)
-    write_run_file(run_dir, run_id, path, shapes, config, seed)
-    run_loop(config, path, shapes, run_id, run_dir, seed, Console())
-
-
-def _language(config: RunConfig) -> str:
-    """The configured backend's kernel language, read from its class (no device is touched)."""
-    from kfoundry.core.plugins import get_plugin
-
+    shape_sets = parse_shape_sets(shape_items)
+    observer = cli_observer(config)
     try:
-        factory = get_plugin("backend", config.backend.name).factory
-    except KfError:
-        return "opencl"  # the evaluator reports an unknown backend properly later
-    return str(getattr(factory, "language", "opencl"))
+        result = optimize(path_text, config=config, shapes=shape_sets[0] if len(shape_sets) == 1 else None,
+                          shape_sets=shape_sets if len(shape_sets) > 1 else None, seed_kernel=seed_kernel,
+                          observer=observer)
+    finally:
+        if observer is not None:
+            observer.stop()
+    finish(result, as_json)
+
+
+def parse_shape_sets(items: tuple[str, ...] | list[str]) -> list[dict[str, int | float]]:
+    """``--shape`` values as shape sets: ``dim=256,4096`` (or ``--shape dim=256 --shape dim=4096``) gives
+    one set per value; several names combine as a product (``[]``: no ``--shape`` given)."""
+    import itertools
+
+    from kfoundry.core.problem import parse_shape_overrides
+
+    values: dict[str, list[int | float]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip() or not raw.strip():
+            raise ConfigError(f"--shape {item!r}: expected NAME=VALUE[,VALUE...]")
+        for part in raw.split(","):
+            value = parse_shape_overrides([f"{name.strip()}={part.strip()}"])[name.strip()]
+            bucket = values.setdefault(name.strip(), [])
+            if value not in bucket:
+                bucket.append(value)
+    names = list(values)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(values[n] for n in names))]

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from kfoundry.core.config import load_config
 from kfoundry.core.store import Store
@@ -44,28 +43,35 @@ def seed_evaluation_cache(recorded: Path, new: Path) -> int:
     help="A call the recording lacks: fail, or take the member's next recorded reply.",
 )
 @click.option("--remeasure", is_flag=True, help="Evaluate every kernel again instead of reusing the recorded verdicts.")
-def command(run_dir: str, on_miss: str, remeasure: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+def command(run_dir: str, on_miss: str, remeasure: bool, as_json: bool) -> None:
     """Re-run RUN_DIR's problem and config in a new run folder, serving every LLM reply from its recording.
 
     No API is called and no key is needed; tokens and cost come from the recording, so the
     budget caps stop the replay at the same call.
     """
-    from kfoundry.core.commands.optimize import run_loop
+    from kfoundry.api import run_folder
+    from kfoundry.core.commands.optimize import cli_observer, finish
     from kfoundry.core.ensemble import replay_config
-    from kfoundry.core.loop import STORE_FILE, new_run_dir, read_run_file, write_run_file
+    from kfoundry.core.loop import STORE_FILE, new_run_dir, read_run_file, run_shape_sets, write_run_file
 
     folder = Path(run_dir)
     info = read_run_file(folder)
     config = replay_config(load_config(data=info["config"]), folder, on_miss=on_miss)
     problem = Path(info["problem"])
     seed = Path(info["seed_kernel"]) if info.get("seed_kernel") else None
-    shapes = dict(info.get("shapes") or {})
+    shape_sets = run_shape_sets(info)
     run_id, new_dir = new_run_dir(config, problem.stem)
-    write_run_file(new_dir, run_id, problem, shapes, config, seed)
-    console = Console()
+    write_run_file(new_dir, run_id, problem, shape_sets[0], config, seed, shape_sets=shape_sets)
     if not remeasure and (folder / STORE_FILE).is_file():
         n = seed_evaluation_cache(folder / STORE_FILE, new_dir / STORE_FILE)
-        console.print(f"replaying {folder} into {new_dir} ({n} recorded evaluations reused)")
+        click.echo(f"replaying {folder} into {new_dir} ({n} recorded evaluations reused)", err=as_json)
     else:
-        console.print(f"replaying {folder} into {new_dir} (evaluating again)")
-    run_loop(config, problem, shapes, run_id, new_dir, seed, console)
+        click.echo(f"replaying {folder} into {new_dir} (evaluating again)", err=as_json)
+    observer = cli_observer(config)
+    try:
+        result = run_folder(config, problem, shape_sets, run_id, new_dir, seed, observer)
+    finally:
+        if observer is not None:
+            observer.stop()
+    finish(result, as_json)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from kfoundry.core.config import load_config
 from kfoundry.core.loop import read_run_file
@@ -16,12 +15,18 @@ from kfoundry.core.loop import read_run_file
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Change a budget before continuing (e.g. budget.generations=12).")
-def command(run_dir: str, overrides: tuple[str, ...]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+def command(run_dir: str, overrides: tuple[str, ...], as_json: bool) -> None:
     """Continue the run in RUN_DIR: stored proposals and finished evaluations are not repeated."""
-    from kfoundry.core.commands.optimize import run_loop
+    from kfoundry.api import resume
+    from kfoundry.core.commands.optimize import cli_observer, finish
 
     folder = Path(run_dir)
-    info = read_run_file(folder)
-    config = load_config(data=info["config"], overrides=list(overrides))
-    seed = Path(info["seed_kernel"]) if info.get("seed_kernel") else None
-    run_loop(config, Path(info["problem"]), dict(info.get("shapes") or {}), info["run_id"], folder, seed, Console())
+    config = load_config(data=read_run_file(folder)["config"], overrides=list(overrides))
+    observer = cli_observer(config)
+    try:
+        result = resume(folder, overrides=overrides, observer=observer)
+    finally:
+        if observer is not None:
+            observer.stop()
+    finish(result, as_json)
