@@ -37,7 +37,9 @@ sizes and template parameters, with ``ceil_div``, ``min`` and ``max``.
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -62,17 +64,123 @@ def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-_EVAL_GLOBALS: dict[str, Any] = {"__builtins__": {}, "ceil_div": ceil_div, "min": min, "max": max, "math": math}
+_FUNCTIONS: dict[str, Any] = {"ceil_div": ceil_div, "min": min, "max": max}
+_MATH = {"ceil", "floor", "sqrt", "log2", "log", "exp", "gcd", "lcm", "isqrt", "prod"}
+_BINARY: dict[type[ast.operator], Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
+}
+_COMPARE: dict[type[ast.cmpop], Any] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+#: Sizes are bounded: no value past 2**96 (far beyond any memory), no expression longer than this.
+_MAX_MAGNITUDE = 2**96
+_MAX_EXPR_CHARS = 2000
+
+
+class _Refused(Exception):
+    """An expression outside the size-expression language."""
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and not abs(value) <= _MAX_MAGNITUDE:
+        raise _Refused("value out of range")
+    if not isinstance(value, int | float):
+        raise _Refused(f"a {type(value).__name__} value")
+    return value
+
+
+def _eval_node(node: ast.AST, names: dict[str, Any]) -> Any:
+    """Arithmetic over numbers and ``names`` (bounded: exponents and shifts stay small)."""
+    if isinstance(node, ast.Expression):
+        return _eval_node(node.body, names)
+    if isinstance(node, ast.Constant):
+        return _bounded(node.value)
+    if isinstance(node, ast.Name):
+        if node.id not in names:
+            raise _Refused(f"unknown name {node.id!r}")
+        return _bounded(names[node.id])
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval_node(node.left, names), _eval_node(node.right, names)
+        if isinstance(node.op, ast.Pow | ast.LShift) and abs(right) > 128:
+            raise _Refused("exponent or shift larger than 128")
+        return _bounded(_BINARY[type(node.op)](left, right))
+    if isinstance(node, ast.UnaryOp):
+        value = _eval_node(node.operand, names)
+        ops: dict[type[ast.unaryop], Any] = {
+            ast.USub: operator.neg,
+            ast.UAdd: operator.pos,
+            ast.Not: operator.not_,
+            ast.Invert: operator.invert,
+        }
+        return _bounded(ops[type(node.op)](value))
+    if isinstance(node, ast.BoolOp):
+        values = [_eval_node(v, names) for v in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        left, ok = _eval_node(node.left, names), True
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
+            right = _eval_node(right_node, names)
+            ok, left = ok and _COMPARE[type(op)](left, right), right
+        return ok
+    if isinstance(node, ast.IfExp):
+        return _eval_node(node.body if _eval_node(node.test, names) else node.orelse, names)
+    if isinstance(node, ast.Call) and not node.keywords:
+        fn = node.func
+        if isinstance(fn, ast.Name) and fn.id in _FUNCTIONS:
+            func = _FUNCTIONS[fn.id]
+        elif (
+            isinstance(fn, ast.Attribute)
+            and isinstance(fn.value, ast.Name)
+            and fn.value.id == "math"
+            and fn.attr in _MATH
+        ):
+            func = getattr(math, fn.attr)
+        else:
+            raise _Refused("a call other than ceil_div, min, max or math functions")
+        return _bounded(func(*[_eval_node(a, names) for a in node.args]))
+    raise _Refused(f"{type(node).__name__} is not allowed")
 
 
 def evaluate(expr: Expr | None, names: dict[str, Any], what: str) -> Any:
-    """Evaluate a size expression over ``names``; errors name the expression."""
+    """Evaluate a size expression over ``names`` (arithmetic, comparisons, ``ceil_div``, ``min``,
+    ``max``, ``math.*``; bounded time and size); errors name the expression."""
     if not isinstance(expr, str):
         return expr
+    if len(expr) > _MAX_EXPR_CHARS:
+        raise ProblemError(f"{what}: expression longer than {_MAX_EXPR_CHARS} characters")
+    shown = expr if len(expr) <= 80 else expr[:77] + "..."
     try:
-        return eval(expr, _EVAL_GLOBALS, dict(names))  # noqa: S307 - task files are trusted input
-    except Exception as exc:
-        raise ProblemError(f"{what}: cannot evaluate {expr!r}: {type(exc).__name__}: {exc}") from None
+        return _eval_node(ast.parse(expr.strip(), mode="eval"), names)
+    except _Refused as exc:
+        raise ProblemError(f"{what}: cannot evaluate {shown!r}: {exc}") from None
+    except (
+        SyntaxError,
+        ValueError,
+        TypeError,
+        ArithmeticError,
+        RecursionError,
+        MemoryError,
+        KeyError,
+    ) as exc:
+        raise ProblemError(f"{what}: cannot evaluate {shown!r}: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 class NativeArg(BaseModel):
@@ -143,12 +251,20 @@ class NativeModel(nn.Module):
         self.task = task
         spec = task.spec
         names = {**task.sizes, **params}
-        self.kernel = getattr(load(source, defines=params, build_options=spec.build_options or None), spec.kernel_name)
+        self.kernel = getattr(
+            load(source, defines=params, build_options=spec.build_options or None), spec.kernel_name
+        )
         self.grid = tuple(int(evaluate(e, names, "launch.grid")) for e in spec.launch.grid)
-        self.block = tuple(int(evaluate(e, names, "launch.block")) for e in spec.launch.block) if spec.launch.block else None
+        self.block = (
+            tuple(int(evaluate(e, names, "launch.block")) for e in spec.launch.block)
+            if spec.launch.block
+            else None
+        )
         self.shapes = {a.name: task.shape_of(a) for a in spec.args if a.kind == "output"}
         self.scalars = {
-            a.name: evaluate(a.value, names, f"args.{a.name}") for a in spec.args if a.kind in ("scalar", "local")
+            a.name: evaluate(a.value, names, f"args.{a.name}")
+            for a in spec.args
+            if a.kind in ("scalar", "local")
         }
 
     def forward(self, *inputs: Any) -> Any:
@@ -185,21 +301,23 @@ class NativeTask:
             kpath = path.parent / spec.kernel_source
             if not kpath.is_file():
                 raise ProblemError(f"{path}: kernel_source file not found: {kpath}")
-            self.kernel_source = kpath.read_text()
+            self.kernel_source = _read(kpath, f"{path}: kernel_source")
         file_part, sep, func = spec.reference.partition(":")
         if not sep or not func:
             raise ProblemError(f"{path}: reference must be 'file.py:function', got {spec.reference!r}")
         rpath = path.parent / file_part
         if not rpath.is_file():
             raise ProblemError(f"{path}: reference file not found: {rpath}")
-        self.reference_source = rpath.read_text()
+        self.reference_source = _read(rpath, f"{path}: reference")
         namespace: dict[str, Any] = {"__name__": f"kf_reference_{rpath.stem}", "__file__": str(rpath)}
         try:
-            exec(compile(self.reference_source, str(rpath), "exec"), namespace)
+            exec(compile(self.reference_source, str(rpath), "exec", dont_inherit=True), namespace)
         except SyntaxError as exc:
             raise ProblemError(f"{rpath}:{exc.lineno}: syntax error: {exc.msg}") from None
-        except Exception as exc:
-            raise ProblemError(f"{rpath}: error while loading: {type(exc).__name__}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # a reference module that exits is an error too
+            raise ProblemError(
+                one_line(f"{rpath}: error while loading: {type(exc).__name__}: {exc}")
+            ) from None
         self.reference_fn = namespace.get(func)
         if not callable(self.reference_fn):
             raise ProblemError(f"{rpath}: no function {func!r}")
@@ -209,6 +327,20 @@ class NativeTask:
             _dtype(a.dtype, f"{path}: args.{a.name}")
             if a.kind in ("scalar", "local") and a.value is None:
                 raise ProblemError(f"{path}: {a.kind} argument {a.name!r} has no value")
+            if a.kind in ("input", "output"):
+                shape = self.shape_of(a)
+                if any(d < 0 for d in shape):
+                    raise ProblemError(f"{path}: args.{a.name}.shape {shape} has a negative size")
+            if a.kind == "input" and a.init == "randint" and a.low >= a.high:
+                raise ProblemError(f"{path}: args.{a.name}: randint needs low < high (got {a.low}, {a.high})")
+
+    def nbytes(self) -> int:
+        """Bytes of all input and output arguments at the sizes in force (nothing is allocated)."""
+        total = 0
+        for a in self.spec.args:
+            if a.kind in ("input", "output"):
+                total += math.prod(self.shape_of(a)) * _dtype(a.dtype, a.name).itemsize
+        return total
 
     @property
     def space(self) -> TunableSpace:
@@ -218,7 +350,11 @@ class NativeTask:
         return stable_hash(self.spec.model_dump(mode="json"), self.reference_source)
 
     def shape_of(self, arg: NativeArg) -> list[int]:
-        return [int(evaluate(e, self.sizes, f"args.{arg.name}.shape")) for e in arg.shape]
+        where = f"{self.path}: args.{arg.name}.shape"
+        dims = [evaluate(e, self.sizes, where) for e in arg.shape]
+        if not all(isinstance(d, int | float) and math.isfinite(d) and float(d).is_integer() for d in dims):
+            raise ProblemError(one_line(f"{where}: sizes must be whole numbers, got {dims}"))
+        return [int(d) for d in dims]
 
     def make_inputs(self, seed: int, device: torch.device | str | None = None) -> list[torch.Tensor]:
         """The input arguments drawn with ``seed``, on ``device`` (default: the host)."""
@@ -244,23 +380,46 @@ class NativeTask:
         return NativeModel(self, source, params, load)
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+#: Task, kernel and reference files larger than this are refused before they are read.
+MAX_FILE_BYTES = 16 * 2**20
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ProblemError(f"{what}: {path} is larger than {MAX_FILE_BYTES >> 20} MiB")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProblemError(one_line(f"{what}: cannot read {path}: {exc}")) from None
+
+
 def load_native_task(path: Path, shapes: dict[str, int | float]) -> NativeTask:
     """Parse and check a native task file; ``shapes`` override its ``[sizes]``."""
+    text = _read(path, "cannot read problem")
     try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProblemError(f"cannot read problem {path}: {exc}") from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ProblemError(f"{path}: {exc}") from None
+        raise ProblemError(one_line(f"{path}: {exc}")) from None
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise ProblemError(f"{path}: unreadable TOML ({type(exc).__name__})") from None
     try:
         spec = NativeTaskSpec.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise ProblemError(f"{path}: {loc}: {err['msg']}") from None
+        raise ProblemError(one_line(f"{path}: {loc}: {err['msg']}")) from None
     sizes = dict(spec.sizes)
     for name, value in shapes.items():
         if name not in sizes:
             raise ProblemError(f"{path}: unknown size {name!r} (known: {', '.join(sorted(sizes)) or 'none'})")
         sizes[name] = value
+    for name, value in sizes.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProblemError(f"{path}: size {name!r} is not a finite number")
     return NativeTask(path, spec, sizes)

@@ -10,7 +10,10 @@ must move (``bytes_moved``) and compute (``flops``, torch's FLOP counter on the 
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import math
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -24,6 +27,7 @@ from torch import nn
 from kfoundry.core.errors import CandidateError, ProblemError
 from kfoundry.core.generator import ProblemSummary
 from kfoundry.core.models import Candidate, ParamValue, TunableSpace, stable_hash
+from kfoundry.core.native_task import MAX_FILE_BYTES, one_line
 
 Loader = Callable[..., Any]
 
@@ -140,7 +144,9 @@ class Problem:
         params = self.candidate_params(candidate)
         if self.native is not None or candidate.kind == "native":
             if self.native is None:
-                raise CandidateBuildError(f"problem {self.name} is a KernelBench problem; candidate is a native kernel")
+                raise CandidateBuildError(
+                    f"problem {self.name} is a KernelBench problem; candidate is a native kernel"
+                )
             return self.native.make_model(candidate.source, params, load)
         module = types.ModuleType("kf_candidate")
         module.PARAMS = dict(params)  # type: ignore[attr-defined]
@@ -160,17 +166,70 @@ class Problem:
 
     # -- analysis ---------------------------------------------------------------------------------
 
-    def analysis(self) -> Analysis:
-        """Run the reference once (seed 0): shapes, dtypes, bytes moved and FLOPs (cached)."""
+    def input_bytes(self) -> int | None:
+        """Bytes of one call's inputs from their shapes and dtypes, drawn on the meta device (nothing is
+        allocated); None where ``get_inputs`` cannot run there."""
+        if self.native is not None:
+            return self.native.nbytes()
+        try:
+            with torch.device("meta"):
+                inputs = self.make_inputs(0)
+        except (Exception, SystemExit):
+            return None
+        return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+    def check_size(self, max_bytes: int, device_bytes: int | None = None) -> None:
+        """Refuse (one line) a problem whose inputs and outputs of one call exceed ``max_bytes``, the
+        device's memory or the host's: computed from shapes and dtypes before anything is allocated."""
+        limits = [(max_bytes, "the limit problem.max_bytes")]
+        if device_bytes:
+            limits.append((device_bytes, "the device's memory"))
+        host = _host_memory()
+        if host:
+            limits.append((host, "this machine's memory"))
+        limit, what = min(limits)
+        shapes = ", ".join(f"{k}={v}" for k, v in self.shapes.items())
+        known = self.native.nbytes() if self.native is not None else self.input_bytes()
+        if known is not None and known > limit:
+            raise ProblemError(
+                f"{self.path}: one call's {'arguments' if self.native else 'inputs'} take {_size(known)} "
+                f"({shapes}), more than {what} ({_size(limit)})"
+            )
+        if known is None and self.native is None:
+            return  # get_inputs does not run on the meta device: nothing known without allocating
+        total = self.analysis(max_input_bytes=limit).bytes_moved
+        if total > limit:
+            raise ProblemError(
+                f"{self.path}: one call's inputs and outputs take {_size(total)} ({shapes}), "
+                f"more than {what} ({_size(limit)})"
+            )
+
+    def analysis(self, max_input_bytes: int | None = None) -> Analysis:
+        """Run the reference once (seed 0): shapes, dtypes, bytes moved and FLOPs (cached).
+
+        On the meta device first (nothing allocated); where the reference cannot run there, for real,
+        but only when the inputs (sized on the meta device) fit ``max_input_bytes``.
+        """
         if self._analysis is None:
             try:  # on the meta device: shapes and FLOPs without allocating or computing anything
+                if self.native is not None:
+                    raise ProblemError("native tasks draw their inputs with a host generator")
                 with torch.device("meta"):
                     inputs, outputs, flops = self._run_counted()
-            except Exception:
+            except (Exception, SystemExit):
+                known = self.input_bytes()
+                if max_input_bytes is not None and (known is None or known > max_input_bytes):
+                    raise ProblemError(
+                        f"{self.path}: the reference does not run on the meta device, and its inputs"
+                        f" ({'unknown size' if known is None else _size(known)}) are not drawn for real"
+                        f" beyond {_size(max_input_bytes)}"
+                    ) from None
                 try:
                     inputs, outputs, flops = self._run_counted()
-                except Exception as exc:
-                    raise ProblemError(f"{self.path}: the reference failed: {type(exc).__name__}: {exc}") from None
+                except (Exception, SystemExit) as exc:
+                    raise ProblemError(
+                        one_line(f"{self.path}: the reference failed: {type(exc).__name__}: {exc}")
+                    ) from None
             tensors_in = [t for t in inputs if isinstance(t, torch.Tensor)]
             tensors_out = [t for t in outputs if isinstance(t, torch.Tensor)]
             self._analysis = Analysis(
@@ -227,33 +286,117 @@ def _module_constants(module: types.ModuleType) -> dict[str, int | float]:
     }
 
 
-def _load_kernelbench(path: Path, shapes: dict[str, int | float]) -> Problem:
-    try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProblemError(f"cannot read problem {path}: {exc}") from None
-    try:
-        code = compile(source, str(path), "exec")
-    except SyntaxError as exc:
-        raise ProblemError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+def _exec_module(code: types.CodeType, path: Path, what: str) -> types.ModuleType:
     module = types.ModuleType(f"kf_problem_{path.stem}")
     module.__file__ = str(path)
     try:
         exec(code, module.__dict__)
-    except Exception as exc:
-        raise ProblemError(f"{path}: error while loading: {type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # a file that exits while loading is an error, not an exit
+        raise ProblemError(
+            one_line(f"{path}: error while loading{what}: {type(exc).__name__}: {exc}")
+        ) from None
+    return module
+
+
+def _compile(tree: ast.Module | str, path: Path) -> types.CodeType:
+    try:
+        return compile(tree, str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise ProblemError(one_line(f"{path}:{exc.lineno}: syntax error: {exc.msg}")) from None
+    except (ValueError, TypeError, RecursionError, MemoryError, OverflowError) as exc:
+        raise ProblemError(one_line(f"{path}: cannot compile: {type(exc).__name__}: {exc}")) from None
+
+
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+
+
+def _stored_names(node: ast.AST, out: dict[str, list[ast.Assign | ast.AnnAssign | None]]) -> None:
+    """Names bound at module scope anywhere inside ``node`` (not inside functions, classes, comprehensions)."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        out.setdefault(node.id, []).append(None)
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, _SCOPES):
+            _stored_names(child, out)
+
+
+def _assignments(tree: ast.Module) -> dict[str, list[ast.Assign | ast.AnnAssign | None]]:
+    """Every module-level binding of each name: a plain ``NAME = value`` line, or None for any other."""
+    out: dict[str, list[ast.Assign | ast.AnnAssign | None]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out.setdefault(node.targets[0].id, []).append(node)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            out.setdefault(node.target.id, []).append(node)
+        elif not isinstance(node, _SCOPES):  # tuple targets, loops, augmented assignment, ``with ... as``
+            _stored_names(node, out)
+    return out
+
+
+def _overridden(
+    path: Path,
+    source: str,
+    tree: ast.Module,
+    constants: dict[str, int | float],
+    shapes: dict[str, int | float],
+) -> ast.Module:
+    """``tree`` with each overridden constant's ``NAME = value`` line(s) set to the new value.
+
+    Re-running the module then recomputes what is derived from it (``bias_shape = (out_channels, 1, 1)``).
+    A constant that is not set by plain assignment lines, or an int given a fraction, is refused.
+    """
+    bindings = _assignments(tree)
+    for name, value in shapes.items():
+        if name not in constants:
+            known = ", ".join(sorted(constants)) or "none"
+            raise ProblemError(one_line(f"{path}: unknown shape constant {name!r} (known: {known})"))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProblemError(f"{path}: cannot set {name}: {value} is not a finite number")
+        if isinstance(constants[name], int) and not float(value).is_integer():
+            raise ProblemError(f"{path}: cannot set {name}={value}: {name} is an integer constant")
+        lines = bindings.get(name, [])
+        if not lines or any(line is None for line in lines):
+            raise ProblemError(
+                f"{path}: cannot set {name}: it is not set by plain `{name} = ...` lines at module level "
+                "(so what depends on it could not be recomputed)"
+            )
+        new = int(value) if isinstance(constants[name], int) else float(value)
+        for line in lines:
+            assert line is not None
+            line.value = ast.copy_location(ast.Constant(new), line.value or line)
+    return ast.fix_missing_locations(tree)
+
+
+def _load_kernelbench(path: Path, shapes: dict[str, int | float]) -> Problem:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ProblemError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, not a problem file")
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProblemError(one_line(f"cannot read problem {path}: {exc}")) from None
+    module = _exec_module(_compile(source, path), path, "")
+    constants = _module_constants(module)
+    if shapes:
+        try:
+            tree = ast.parse(source, str(path))
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # compiled above: unlikely
+            raise ProblemError(one_line(f"{path}: cannot parse: {type(exc).__name__}: {exc}")) from None
+        tree = _overridden(path, source, tree, constants, shapes)
+        given = ", ".join(f"{k}={v}" for k, v in shapes.items())
+        module = _exec_module(_compile(tree, path), path, f" with {given}")
     model = getattr(module, "Model", None)
     if not (isinstance(model, type) and issubclass(model, nn.Module)):
         raise ProblemError(f"{path}: no Model class (an nn.Module) defined")
     if not callable(getattr(module, "get_inputs", None)):
         raise ProblemError(f"{path}: no get_inputs() function defined")
-    constants = _module_constants(module)
-    for name, value in shapes.items():
-        if name not in constants:
-            known = ", ".join(sorted(constants)) or "none"
-            raise ProblemError(f"{path}: unknown shape constant {name!r} (known: {known})")
-        cast = type(constants[name])
-        setattr(module, name, cast(value) if cast is int and float(value).is_integer() else value)
     return Problem(
         name=path.stem,
         path=path,
@@ -262,6 +405,21 @@ def _load_kernelbench(path: Path, shapes: dict[str, int | float]) -> Problem:
         shapes=_module_constants(module),
         module=module,
     )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _host_memory() -> int | None:
+    """Physical memory of this machine in bytes (None where unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def load_problem(path: str | Path, shapes: dict[str, int | float] | None = None) -> Problem:
@@ -304,4 +462,7 @@ def parse_shape_overrides(items: list[str] | tuple[str, ...]) -> dict[str, int |
                 out[name.strip()] = float(raw)
             except ValueError:
                 raise ProblemError(f"--shape {item!r}: value is not a number") from None
+        value = out[name.strip()]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProblemError(f"--shape {item!r}: value is not a finite number")
     return out

@@ -85,6 +85,7 @@ class Evaluator:
         if not caps.can_run:
             raise BackendUnavailable(f"backend {self.backend.name} cannot run kernels here: {caps.reason}")
         self._device = self.backend.select_device(config.backend.device)
+        problem.check_size(config.problem.max_bytes, self._device.global_mem_bytes)  # before any allocation
         self.toolchain = self.backend.toolchain_version()
         self.executor: Executor = executor or build_plugin(config.executor, "executor")
         digest = hashlib.sha256(self._device.key.encode()).hexdigest()[:12]
