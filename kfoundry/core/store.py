@@ -10,13 +10,19 @@ method had already returned from. One :class:`Store` may be shared between threa
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from kfoundry.core.errors import KfError
 from kfoundry.core.models import Candidate, EvalRecord, TimingStats
@@ -47,7 +53,60 @@ _SCHEMA = [
 
 
 class StoreError(KfError):
-    """The store file cannot be opened or has an unknown schema."""
+    """The store cannot be opened, locked, read or written (one line naming the path and the cause)."""
+
+
+def _cause(exc: BaseException) -> str:
+    """An OS or SQLite error's cause in words (``disk full``, ``read-only``, ...), on one line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    low = text.lower()
+    if "disk is full" in low or getattr(exc, "errno", None) == errno.ENOSPC:
+        return f"the disk is full ({text})"
+    if "readonly" in low or "read-only" in low or getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES):
+        return f"the folder is read-only or not writable ({text})"
+    return text
+
+
+def _first_error(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError) and exc.errors():
+        err = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}"[:200]
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class RunLock:
+    """An exclusive lock on a run folder (``flock`` on ``<store>.lock``): one writer at a time.
+
+    Released when closed or when the holding process ends, however it ends (``kill -9`` included).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot lock {path}: {_cause(exc)}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self._fd)
+            self._fd = None
+            raise StoreError(
+                f"{path.parent} is in use by another kf-run (pid {holder}): one writer per run folder; "
+                "wait for it to finish or stop it"
+            ) from None
+        with contextlib.suppress(OSError):  # who holds it, for the message above (informational)
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
 
 
 def _now() -> str:
@@ -55,12 +114,29 @@ def _now() -> str:
 
 
 class Store:
-    """A SQLite result store at ``path`` (created with its parent folder if missing)."""
+    """A SQLite result store at ``path`` (created with its parent folder if missing).
 
-    def __init__(self, path: str | Path) -> None:
+    ``lock=True`` takes the run folder's :class:`RunLock` first (a second writer is refused in one
+    line); ``create=False`` refuses a store that is missing or empty instead of starting a new one.
+    Every SQLite or file-system failure (full disk, read-only folder, damaged file) is a
+    :class:`StoreError` naming the path and the cause; nothing already stored is lost by one.
+    """
+
+    def __init__(self, path: str | Path, *, lock: bool = False, create: bool = True) -> None:
         self.path = Path(path)
+        self._run_lock: RunLock | None = None
+        if not create and (not self.path.is_file() or self.path.stat().st_size == 0):
+            state = "empty" if self.path.is_file() else "missing"
+            raise StoreError(f"store {self.path} is {state}: nothing to resume from")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of store {self.path}: {_cause(exc)}") from None
+        if self.path.parent.is_dir() is False:
+            raise StoreError(f"cannot open store {self.path}: {self.path.parent} is not a folder")
+        if lock:
+            self._run_lock = RunLock(self.path.with_name(self.path.name + ".lock"))
+        try:
             self._conn = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0
             )
@@ -68,9 +144,23 @@ class Store:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open store {self.path}: {exc}") from None
+            self._release()
+            raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
         self._lock = threading.RLock()
-        self._migrate()
+        try:
+            self._migrate()
+        except StoreError:
+            self._conn.close()
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self._run_lock is not None:
+            self._run_lock.release()
+            self._run_lock = None
+
+    def _fail(self, exc: sqlite3.Error, what: str) -> StoreError:
+        return StoreError(f"store {self.path}: cannot {what}: {_cause(exc)}")
 
     # -- generic access ----------------------------------------------------------------------------
 
@@ -88,8 +178,12 @@ class Store:
                     raise StoreError(
                         f"store {self.path} has schema {row[0]}, newer than this kfoundry ({SCHEMA_VERSION})"
                     )
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"store {self.path} is not a kfoundry store: {exc}") from None
+        except ValueError as exc:  # a schema_version that is not a number
+            raise StoreError(f"store {self.path} has an unreadable schema version: {exc}") from None
 
     @property
     def schema_version(self) -> int:
@@ -104,28 +198,59 @@ class Store:
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
         """Run one statement (committed at once); returns the last inserted row id."""
         with self._lock:
-            cur = self._conn.execute(sql, params)
+            try:
+                cur = self._conn.execute(sql, params)
+            except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+                if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+                    raise
+                raise self._fail(exc, "write") from None
             return int(cur.lastrowid or 0)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement for many rows in a single transaction."""
         with self._lock:
-            self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(sql, rows)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+                self._conn.execute("BEGIN")
+                try:
+                    self._conn.executemany(sql, rows)
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+                if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+                    raise
+                raise self._fail(exc, "write") from None
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
         """Rows of a query (``row["column"]`` or ``row[0]``)."""
         with self._lock:
-            return list(self._conn.execute(sql, params).fetchall())
+            try:
+                return list(self._conn.execute(sql, params).fetchall())
+            except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+                if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+                    raise
+                raise self._fail(exc, "read") from None
+
+    def decode(self, model: type[_M], text: Any, where: str) -> _M:
+        """A stored JSON row as ``model``; an unreadable row is one :class:`StoreError` line naming it."""
+        try:
+            return model.model_validate_json(text)
+        except (ValidationError, ValueError, TypeError, RecursionError) as exc:
+            raise StoreError(f"store {self.path}: {where} is unreadable: {_first_error(exc)}") from None
+
+    def decode_json(self, text: Any, where: str) -> Any:
+        """A stored JSON column as data; an unreadable one is one :class:`StoreError` line naming it."""
+        try:
+            return json.loads(text)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise StoreError(f"store {self.path}: {where} is unreadable: {_first_error(exc)}") from None
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        self._release()
 
     def __enter__(self) -> Store:
         return self
@@ -151,7 +276,9 @@ class Store:
             (run_id, _now(), problem, status, json.dumps(config or {}), json.dumps(summary or {})),
         )
 
-    def update_run(self, run_id: str, status: str | None = None, summary: dict[str, Any] | None = None) -> None:
+    def update_run(
+        self, run_id: str, status: str | None = None, summary: dict[str, Any] | None = None
+    ) -> None:
         """Change a run's status and/or summary."""
         if status is not None:
             self.execute("UPDATE runs SET status=? WHERE id=?", (status, run_id))
@@ -164,8 +291,8 @@ class Store:
         if not rows:
             return None
         row = dict(rows[0])
-        row["config"] = json.loads(row["config"])
-        row["summary"] = json.loads(row["summary"])
+        for column in ("config", "summary"):
+            row[column] = self.decode_json(row[column], f"runs row {run_id!r}, column {column}")
         return row
 
     def list_runs(self) -> list[dict[str, Any]]:
@@ -181,15 +308,23 @@ class Store:
                (hash, created_at, language, kind, parent_id, generator, prompt_id, label, run_id, data)
                VALUES (?,?,?,?,?,?,?,?,?,?)""",
             (
-                h, _now(), candidate.language, candidate.kind, candidate.parent_id, candidate.generator,
-                candidate.prompt_id, candidate.label, run_id, candidate.model_dump_json(),
+                h,
+                _now(),
+                candidate.language,
+                candidate.kind,
+                candidate.parent_id,
+                candidate.generator,
+                candidate.prompt_id,
+                candidate.label,
+                run_id,
+                candidate.model_dump_json(),
             ),
         )
         return h
 
     def get_candidate(self, content_hash: str) -> Candidate | None:
         rows = self.query("SELECT data FROM candidates WHERE hash=?", (content_hash,))
-        return Candidate.model_validate_json(rows[0]["data"]) if rows else None
+        return self.decode(Candidate, rows[0]["data"], f"candidates row {content_hash}") if rows else None
 
     def list_candidates(self, run_id: str | None = None) -> list[Candidate]:
         """Candidates in insertion order (of one run if ``run_id`` is given)."""
@@ -197,7 +332,7 @@ class Store:
             rows = self.query("SELECT data FROM candidates ORDER BY rowid")
         else:
             rows = self.query("SELECT data FROM candidates WHERE run_id=? ORDER BY rowid", (run_id,))
-        return [Candidate.model_validate_json(r["data"]) for r in rows]
+        return [self.decode(Candidate, r["data"], "a candidates row") for r in rows]
 
     # -- evaluations --------------------------------------------------------------------------------
 
@@ -207,18 +342,28 @@ class Store:
             """INSERT INTO evaluations (eval_key, candidate_hash, run_id, problem, backend, device, outcome,
                speedup, median_ms, created_at, record) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
             (
-                record.eval_key, record.candidate_hash, run_id, record.problem, record.backend, record.device,
-                record.outcome.value, record.speedup, record.timing.median_ms if record.timing else None,
-                record.created_at.isoformat(), record.model_dump_json(),
+                record.eval_key,
+                record.candidate_hash,
+                run_id,
+                record.problem,
+                record.backend,
+                record.device,
+                record.outcome.value,
+                record.speedup,
+                record.timing.median_ms if record.timing else None,
+                record.created_at.isoformat(),
+                record.model_dump_json(),
             ),
         )
 
     def cached_evaluation(self, eval_key: str) -> EvalRecord | None:
         """The latest evaluation stored under ``eval_key`` (marked ``cached=True``), or None."""
-        rows = self.query("SELECT record FROM evaluations WHERE eval_key=? ORDER BY id DESC LIMIT 1", (eval_key,))
+        rows = self.query(
+            "SELECT record FROM evaluations WHERE eval_key=? ORDER BY id DESC LIMIT 1", (eval_key,)
+        )
         if not rows:
             return None
-        record = EvalRecord.model_validate_json(rows[0]["record"])
+        record = self.decode(EvalRecord, rows[0]["record"], f"an evaluations row (key {eval_key[:16]})")
         record.cached = True
         return record
 
@@ -231,7 +376,10 @@ class Store:
         if candidate_hash is not None:
             sql += " AND candidate_hash=?"
             args.append(candidate_hash)
-        return [EvalRecord.model_validate_json(r["record"]) for r in self.query(sql + " ORDER BY id", args)]
+        rows = self.query(
+            "SELECT id, record FROM" + sql.removeprefix("SELECT record FROM") + " ORDER BY id", args
+        )
+        return [self.decode(EvalRecord, r["record"], f"evaluations row {r['id']}") for r in rows]
 
     # -- reference timings --------------------------------------------------------------------------
 
@@ -242,4 +390,6 @@ class Store:
 
     def get_reference_timing(self, key: str) -> TimingStats | None:
         rows = self.query("SELECT timing FROM reference_timings WHERE key=?", (key,))
-        return TimingStats.model_validate_json(rows[0]["timing"]) if rows else None
+        return (
+            self.decode(TimingStats, rows[0]["timing"], f"reference_timings row {key[:16]}") if rows else None
+        )
