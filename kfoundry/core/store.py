@@ -369,16 +369,14 @@ class Store:
 
     def evaluations(self, run_id: str | None = None, candidate_hash: str | None = None) -> list[EvalRecord]:
         """Stored evaluations in insertion order, optionally filtered."""
-        sql, args = "SELECT record FROM evaluations WHERE 1=1", []
+        sql, args = "SELECT id, record FROM evaluations WHERE 1=1", []
         if run_id is not None:
             sql += " AND run_id=?"
             args.append(run_id)
         if candidate_hash is not None:
             sql += " AND candidate_hash=?"
             args.append(candidate_hash)
-        rows = self.query(
-            "SELECT id, record FROM" + sql.removeprefix("SELECT record FROM") + " ORDER BY id", args
-        )
+        rows = self.query(sql + " ORDER BY id", args)
         return [self.decode(EvalRecord, r["record"], f"evaluations row {r['id']}") for r in rows]
 
     # -- reference timings --------------------------------------------------------------------------
