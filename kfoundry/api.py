@@ -214,7 +214,7 @@ def open_loop(config: RunConfig, problem_path: Path, shape_sets: list[ShapeSet],
     from kfoundry.core.store import Store
 
     problems = [load_problem(problem_path, s) for s in shape_sets or [{}]]
-    store = Store(run_dir / STORE_FILE)
+    store = Store(run_dir / STORE_FILE, lock=True)  # one writer per run folder
     store.save_run(run_id, problems[0].name, config.model_dump(mode="json"))
     evaluators: list[Any] = []
     try:

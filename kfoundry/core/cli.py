@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sqlite3
 import sys
 import traceback
 import warnings
@@ -128,7 +129,7 @@ def _register_plugin_commands() -> None:
 _register_plugin_commands()
 
 #: Flags of the group that may appear anywhere on the command line (moved before the subcommand).
-_ANYWHERE_FLAGS = {"-v", "-vv", "-vvv", "--verbose", "-q", "--quiet"}
+_ANYWHERE_FLAGS = {"-v", "-vv", "-vvv", "--verbose", "-q", "--quiet", "--debug"}
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
@@ -161,3 +162,18 @@ def main(argv: list[str] | None = None) -> Any:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except (OSError, sqlite3.Error) as exc:  # the environment: full disk, read-only, a file for a folder
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {environment_error(exc)}", err=True)
+        sys.exit(2)
+
+
+def environment_error(exc: OSError | sqlite3.Error) -> str:
+    """One line naming the path (where known) and the cause of an environment failure."""
+    if isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else ""
+        cause = exc.strerror or str(exc) or type(exc).__name__
+        more = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+        return f"{where}{more}: {cause}" if where else cause
+    return f"store: {type(exc).__name__}: {' '.join(str(exc).split())}"

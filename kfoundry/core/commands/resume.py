@@ -1,28 +1,107 @@
-"""``kf-run resume RUN_DIR``: continue a stopped or killed optimisation run where it left off."""
+"""``kf-run resume RUN_DIR``: continue a stopped or killed optimisation run where it left off.
+
+Before anything runs, the run's store is checked: a store that went missing or empty is refused
+(``--start-over`` begins the search again instead), and every stored row of the run must read back
+(one line naming the row otherwise). Another ``kf-run`` writing the same folder is refused by the
+store's lock.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from kfoundry.core.config import load_config
-from kfoundry.core.loop import read_run_file
+from kfoundry.core.loop import STORE_FILE, LoopState, read_run_file
+from kfoundry.core.models import Candidate, EvalRecord
+from kfoundry.core.search import SearchAsk
+from kfoundry.core.store import Store, StoreError
 
 
-@click.command("resume", epilog="\b\nExamples:\n  kf-run resume kf-runs/matmul-20261130-104500\n"
-               "  kf-run resume kf-runs/matmul-20261130-104500 --set budget.generations=12")
+def check_resumable(folder: Path, run_id: str, start_over: bool = False) -> None:
+    """Refuse (one line) to resume from a missing, empty or unreadable store.
+
+    With ``start_over``, a missing or empty store is allowed (the search begins again); a store
+    with rows that do not read back is refused either way (move it away to start over).
+    """
+    path = folder / STORE_FILE
+    if start_over and (not path.is_file() or path.stat().st_size == 0):
+        return
+    try:
+        store = Store(path, create=False)
+    except StoreError as exc:
+        raise StoreError(f"{exc}; kf-run resume --start-over {folder} begins the search again") from None
+    try:
+        if store.get_run(run_id) is None:
+            if start_over:
+                return
+            raise StoreError(
+                f"store {path} holds no record of run {run_id!r} (emptied or replaced?); "
+                f"kf-run resume --start-over {folder} begins the search again"
+            )
+        verify_rows(store, run_id)
+    finally:
+        store.close()
+
+
+def verify_rows(store: Store, run_id: str) -> None:
+    """Every stored row of ``run_id`` reads back as its model (one :class:`StoreError` line otherwise)."""
+    store.list_candidates(run_id)
+    store.evaluations(run_id=run_id)
+    tables = {r["name"] for r in store.query("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "loop_state" in tables:
+        for r in store.query("SELECT data FROM loop_state WHERE run_id=?", (run_id,)):
+            store.decode(LoopState, r["data"], f"loop_state row of run {run_id!r}")
+    if "loop_proposals" in tables:
+        for r in store.query("SELECT * FROM loop_proposals WHERE run_id=?", (run_id,)):
+            where = f"loop_proposals row (generation {r['generation']}, index {r['idx']})"
+            store.decode(SearchAsk, r["ask"], where + ", column ask")
+            _optional(store, Candidate, r["candidate"], where + ", column candidate")
+            _optional(store, EvalRecord, r["record"], where + ", column record")
+            if r["coords"]:
+                coords = store.decode_json(r["coords"], where + ", column coords")
+                if not isinstance(coords, list):
+                    raise StoreError(f"store {store.path}: {where}, column coords is unreadable: not a list")
+
+
+def _optional(store: Store, model: Any, text: str | None, where: str) -> None:
+    if text:
+        store.decode(model, text, where)
+
+
+@click.command(
+    "resume",
+    epilog="\b\nExamples:\n  kf-run resume kf-runs/matmul-20261130-104500\n"
+    "  kf-run resume kf-runs/matmul-20261130-104500 --set budget.generations=12",
+)
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Change a budget before continuing (e.g. budget.generations=12).")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Change a budget before continuing (e.g. budget.generations=12).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-def command(run_dir: str, overrides: tuple[str, ...], as_json: bool) -> None:
+@click.option(
+    "--start-over",
+    is_flag=True,
+    help="If the run's store went missing or empty, begin the search again instead of refusing.",
+)
+def command(run_dir: str, overrides: tuple[str, ...], as_json: bool, start_over: bool) -> None:
     """Continue the run in RUN_DIR: stored proposals and finished evaluations are not repeated."""
     from kfoundry.api import resume
     from kfoundry.core.commands.optimize import cli_observer, finish
 
     folder = Path(run_dir)
-    config = load_config(data=read_run_file(folder)["config"], overrides=list(overrides))
+    info = read_run_file(folder)
+    missing = [k for k in ("run_id", "problem", "config") if not isinstance(info, dict) or k not in info]
+    if missing:
+        raise StoreError(f"{folder}: the run file lacks {', '.join(missing)}; not a resumable run folder")
+    config = load_config(data=info["config"], overrides=list(overrides))
+    check_resumable(folder, str(info["run_id"]), start_over)
     observer = cli_observer(config)
     try:
         result = resume(folder, overrides=overrides, observer=observer)
