@@ -7,8 +7,14 @@ formats, on 127.0.0.1, for tests of the providers through the official SDKs.
         Anthropic(base_url=srv.anthropic_url, api_key="sk-test")
 
 Each route serves its queued actions first, then its ``responder(body) -> action`` (default: a
-fixed reply). Usage is reported as ceil(characters / 4) unless an action says otherwise. Every
-request is kept (path, headers, JSON body) in ``srv.requests``.
+fixed reply). The server's "tokenizer" counts ceil(characters / ``chars_per_token``) (4 unless
+told: 2 is a tokenizer twice as dense); replies honour ``max_tokens`` (cut, finish ``length``);
+``usage=False`` leaves the usage block out as some local servers do (the true counts are still
+kept in ``srv.served``); ``context`` refuses, with a 400 in the format's own words, a request
+whose prompt plus ``max_tokens`` exceeds that window. The OpenAI API is served under ``/v1`` only
+(anything else is a plain 404, as Ollama answers). Every request is kept (path, headers, JSON body)
+in ``srv.requests``. ``kill()`` stops the server mid-test (connections are then refused);
+``free_port()`` gives a port where nothing listens.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import socket
 import threading
 import time
 from collections import deque
@@ -91,20 +98,40 @@ def prompt_text(body: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def count(text: str) -> int:
-    return max(1, math.ceil(len(text) / 4))
+def count(text: str, chars_per_token: float = 4.0) -> int:
+    return max(1, math.ceil(len(text) / chars_per_token))
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (a never-started server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class LLMServer:
     """The server; use as a context manager."""
 
-    def __init__(self, key: str | None = None) -> None:
+    def __init__(
+        self,
+        key: str | None = None,
+        *,
+        port: int = 0,
+        chars_per_token: float = 4.0,
+        usage: bool = True,
+        context: int | None = None,
+    ) -> None:
         self.key = key
+        self.chars_per_token = chars_per_token
+        self.usage = usage
+        self.context = context
         self.openai = Route()
         self.anthropic = Route()
         self.requests: list[dict[str, Any]] = []
+        #: (prompt tokens, completion tokens) of every reply, as this server's tokenizer counts them.
+        self.served: list[tuple[int, int]] = []
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -127,8 +154,20 @@ class LLMServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
+        self.kill()
+
+    def kill(self) -> None:
+        """Stop serving and close the socket: later connections are refused."""
+        if self._thread.is_alive():
+            self._httpd.shutdown()
         self._httpd.server_close()
+
+    def count(self, text: str) -> int:
+        return count(text, self.chars_per_token)
+
+    @property
+    def served_tokens(self) -> int:
+        return sum(a + b for a, b in self.served)
 
     def calls(self, api: str) -> list[dict[str, Any]]:
         """Requests that reached ``api`` ("openai" or "anthropic")."""
@@ -152,12 +191,18 @@ class LLMServer:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     body = {}
-                if self.path.rstrip("/").endswith("/chat/completions"):
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if path == "/v1/chat/completions":
                     api, route = "openai", server.openai
-                elif self.path.rstrip("/").endswith("/v1/messages"):
+                elif path == "/v1/messages":
                     api, route = "anthropic", server.anthropic
                 else:
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    data = b"404 page not found"
+                    self.send_response(404)
+                    self.send_header("content-type", "text/plain; charset=utf-8")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                     return
                 with server._lock:
                     server.requests.append(
@@ -196,8 +241,22 @@ class LLMServer:
                     self._reply(api, body, action)
 
             def _reply(self, api: str, body: dict[str, Any], r: Reply) -> None:
-                tin = r.tokens_in if r.tokens_in is not None else count(prompt_text(body))
-                tout = r.tokens_out if r.tokens_out is not None else count(r.text)
+                limit = body.get("max_tokens") or body.get("max_completion_tokens")
+                true_in = server.count(prompt_text(body))
+                if server.context is not None and isinstance(limit, int) and true_in + limit > server.context:
+                    self._context_error(api, true_in, limit)
+                    return
+                text, finish = r.text, r.finish
+                if isinstance(limit, int) and server.count(text) > limit:  # a real server stops there
+                    text, finish = (
+                        text[: int(limit * server.chars_per_token)],
+                        "length" if api == "openai" else "max_tokens",
+                    )
+                tin = r.tokens_in if r.tokens_in is not None else true_in
+                tout = r.tokens_out if r.tokens_out is not None else server.count(text)
+                with server._lock:
+                    server.served.append((tin, tout))
+                r = Reply(text, tin, tout, finish, r.usage and server.usage)
                 model = body.get("model", "unknown")
                 if api == "openai":
                     payload: dict[str, Any] = {
@@ -229,9 +288,25 @@ class LLMServer:
                         "content": [{"type": "text", "text": r.text}],
                         "stop_reason": r.finish or "end_turn",
                         "stop_sequence": None,
-                        "usage": {"input_tokens": tin, "output_tokens": tout},
                     }
+                    if r.usage:
+                        payload["usage"] = {"input_tokens": tin, "output_tokens": tout}
                 self._send(200, payload)
+
+            def _context_error(self, api: str, prompt: int, limit: int) -> None:
+                window = server.context
+                if api == "openai":  # vLLM's (and OpenAI's) words
+                    msg = (
+                        f"This model's maximum context length is {window} tokens. However, you requested "
+                        f"{prompt + limit} tokens ({prompt} in the messages, {limit} in the completion). "
+                        "Please reduce the length of the messages or completion."
+                    )
+                else:
+                    msg = (
+                        f"input length and `max_tokens` exceed context limit: {prompt} + {limit} > {window}, "
+                        "decrease input length or `max_tokens` and try again"
+                    )
+                self._error(api, Status(400, msg))
 
             def _error(self, api: str, s: Status) -> None:
                 kind = {401: "authentication_error", 429: "rate_limit_error", 404: "not_found_error"}.get(
@@ -254,7 +329,9 @@ class LLMServer:
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+                with contextlib.suppress(
+                    BrokenPipeError, ConnectionResetError
+                ):  # the client gave up (timeout)
                     self.wfile.write(data)
 
         return Handler

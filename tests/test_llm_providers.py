@@ -161,7 +161,7 @@ def test_openai_usage_missing_is_estimated(server: LLMServer, tmp_path: Path) ->
 
 def test_token_cap_clamps_max_tokens_then_refuses_before_calling(server: LLMServer, tmp_path: Path) -> None:
     p = make("openai", server, tmp_path, max_tokens=4000)
-    prompt_tokens = estimate_tokens(p.builder.generation(request()).text)
+    prompt_tokens = p.prompt_estimate(p.builder.generation(request()))
     p.configure(ledger=CostLedger(max_tokens=prompt_tokens + 1500))
     server.openai.push(Reply(fenced(vecadd()), tokens_in=prompt_tokens - 200, tokens_out=300))
     p.propose(request())
@@ -224,7 +224,8 @@ def test_anthropic_large_max_tokens_without_streaming(server: LLMServer, tmp_pat
 
 def test_denser_prompts_than_assumed_tighten_the_estimate(server: LLMServer, tmp_path: Path) -> None:
     p = make("openai", server, tmp_path, max_tokens=100)
-    chars = len(p.builder.generation(request()).text)
+    prompt = p.builder.generation(request())
+    chars = len(prompt.system) + len(prompt.user)
     server.openai.push(Reply(fenced(vecadd()), tokens_in=chars // 2, tokens_out=50))  # 2 chars per token
     p.propose(request())
     assert p.ledger.chars_per_token == pytest.approx(0.9 * chars / (chars // 2))

@@ -29,7 +29,7 @@ from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsup
 from kfoundry.core.llm.cost import CostLedger, LLMBudgetExhausted
 from kfoundry.core.llm.meta import MetaPrompter, PromptArchive
 from kfoundry.core.llm.novelty import NoveltyFilter
-from kfoundry.core.llm.provider import LLMProvider
+from kfoundry.core.llm.provider import LLMProvider, ModelUnreachable
 from kfoundry.core.llm.recording import RECORDING_NAME, Recorder, SqlStore
 from kfoundry.core.models import Candidate, EvalRecord, Proposal
 from kfoundry.core.plugins import PluginManager, get_plugin_manager
@@ -114,6 +114,8 @@ class Ensemble(Generator):
         #: Why the ensemble stopped proposing ("" while it still can).
         self.stop_reason = ""
         self.votes: list[dict[str, Any]] = []
+        #: Members whose server could not be reached on their last call.
+        self.unreachable: set[str] = set()
         self._pending: dict[str, tuple[str, float, float]] = {}
         self._lock = threading.Lock()
         self._observer_name: str | None = None
@@ -171,6 +173,12 @@ class Ensemble(Generator):
             return []
         except GeneratorUnsupported:
             return []
+        except ModelUnreachable:  # the run stops only when no member can be reached
+            self.unreachable.add(member.name)
+            if all(m.name in self.unreachable for m in self.members):
+                raise
+            return []
+        self.unreachable.discard(member.name)
         if getattr(member.generator, "budget_refused", False):
             self._exhaust(LLMBudgetExhausted(self.ledger.why(0)))
         for p in props:
@@ -330,6 +338,8 @@ class Ensemble(Generator):
         t = self.ledger.total
         return {
             "calls": t.calls,
+            "failed": t.failed,
+            "failures": dict(self.ledger.failures),
             "tokens_in": t.tokens_in,
             "tokens_out": t.tokens_out,
             "cost_usd": t.cost_usd,

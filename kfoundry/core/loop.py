@@ -11,6 +11,7 @@ wall time, stagnation, LLM cost) are checked before every evaluation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -419,7 +420,27 @@ class OptimizeLoop:
     # -- the loop ----------------------------------------------------------------------------------
 
     def run(self) -> LoopSummary:
-        """Run until a budget stops it; returns the summary (best kernel, archive coverage, ...)."""
+        """Run until a budget stops it; returns the summary (best kernel, archive coverage, ...).
+
+        An error that stops the run (a model that cannot be reached, a refused key) marks it
+        ``failed`` in the store before it propagates; ``kf-run resume`` continues it.
+        """
+        try:
+            return self._run()
+        except KfError as exc:
+            self._mark_failed(str(exc))
+            raise
+
+    def _mark_failed(self, why: str) -> None:
+        self.state.status, self.state.stop_reason = "failed", why
+        with contextlib.suppress(Exception):  # the error that stopped the run is what must be seen
+            self.save_state()
+            self.store.save_run(self.run_id, self.problem.name, resolved_config(self.config), "failed",
+                                {"stop_reason": why})
+        if self.observer:
+            self.observer.note(self, f"run marked failed; continue it with: kf-run resume {self.run_dir}")
+
+    def _run(self) -> LoopSummary:
         hooks.run_started(self.run_id, resolved_config(self.config))
         self.state.status, self.state.stop_reason = "running", ""
         self._recover_seed_record()

@@ -100,7 +100,11 @@ def print_summary(console: Console, result: OptimizeResult) -> None:
     console.print(f"stopped: {result.stop_reason} · {result.generations} generations, {result.evaluations} evaluations")
     if result.llm_usage:
         u = result.llm_usage
-        console.print(f"LLM: {u['calls']} calls, {u['tokens_in'] + u['tokens_out']} tokens, ${u['cost_usd']:.4f}")
+        failed = ""
+        if u.get("failed"):
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(u.get("failures", {}).items()))
+            failed = f", {u['failed']} failed ({kinds})"
+        console.print(f"LLM: {u['calls']} calls{failed}, {u['tokens_in'] + u['tokens_out']} tokens, ${u['cost_usd']:.4f}")
     if best is None or not best.record.is_correct:
         console.print("[red]no correct kernel found[/red]")
         return

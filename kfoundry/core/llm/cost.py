@@ -4,13 +4,23 @@ One :class:`CostLedger` is shared by every member of an ensemble (and the meta-p
 caps in ``budget.llm_tokens`` / ``budget.llm_cost_usd`` hold for the whole run. Before a call the
 ledger *reserves* the worst case (estimated prompt tokens plus the completion limit); a call whose
 worst case does not fit is refused, so the totals never exceed a cap.
+
+Prompt tokens are counted locally as well as read from the server's ``usage``: with ``tiktoken``
+for OpenAI-family models (when its encoding is on this machine), otherwise by a conservative
+estimate of :data:`CONSERVATIVE_BYTES_PER_TOKEN` UTF-8 bytes per token plus the chat template's
+overhead, so the caps hold before the first reply and with servers that report no usage.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,9 +43,100 @@ class Price(BaseModel):
         return (tokens_in * self.input_per_mtok + tokens_out * self.output_per_mtok) / 1e6
 
 
-def estimate_tokens(text: str, chars_per_token: float = 3.0) -> int:
-    """A conservative token estimate (3 characters per token unless the run has seen denser text)."""
-    return max(1, math.ceil(len(text) / chars_per_token))
+#: UTF-8 bytes per token assumed until a served prompt shows the real density: about half of what
+#: common tokenizers (GPT-2, cl100k, o200k, Llama, Mistral, Qwen) average on code and English.
+CONSERVATIVE_BYTES_PER_TOKEN = 2.0
+#: The least dense a learned estimate may become (a server reporting very few tokens is not believed).
+MAX_LEARNED_BYTES_PER_TOKEN = 4.0
+#: Tokens a chat template adds per message (role markers, separators) and to open the reply.
+MESSAGE_OVERHEAD = 8
+REPLY_OVERHEAD = 3
+
+
+def estimate_tokens(text: str, chars_per_token: float = CONSERVATIVE_BYTES_PER_TOKEN) -> int:
+    """A conservative token estimate: UTF-8 bytes over ``chars_per_token`` (at least 1)."""
+    return max(1, math.ceil(len(text.encode("utf-8", "replace")) / chars_per_token))
+
+
+def chat_tokens(parts: list[str], count: Callable[[str], int]) -> int:
+    """Tokens of a chat prompt whose messages are ``parts``, counted by ``count``, with template overhead."""
+    return sum(count(p) + MESSAGE_OVERHEAD for p in parts) + REPLY_OVERHEAD
+
+
+# -- local tokenizers ------------------------------------------------------------------------------
+
+#: ``cached``: use tiktoken only when its encoding file is already on this machine (never download);
+#: ``download``: let tiktoken fetch a missing encoding once; ``off``: estimate only.
+TokenizerMode = Literal["cached", "download", "off"]
+_TIKTOKEN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_downloads() -> Iterator[None]:
+    """tiktoken reads only local files (its cache) inside this block: a URL read fails at once."""
+    import tiktoken.load as tl
+
+    original = tl.read_file
+
+    def local_only(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise OSError(f"not on this machine: {blobpath}")
+        return original(blobpath)
+
+    tl.read_file = local_only
+    try:
+        yield
+    finally:
+        tl.read_file = original
+
+
+@functools.lru_cache(maxsize=16)
+def tiktoken_encoding(model: str, mode: TokenizerMode = "cached") -> Any | None:
+    """tiktoken's encoding for an OpenAI-family ``model`` (``gpt-5-mini``, ``openai/gpt-4o``, ``o3``),
+    or None: not an OpenAI model, tiktoken not installed, or its encoding not available in ``mode``."""
+    if mode == "off" or not model:
+        return None
+    try:
+        import tiktoken
+        from tiktoken.model import encoding_name_for_model
+    except ImportError:
+        return None
+    try:
+        name = encoding_name_for_model(model.rsplit("/", 1)[-1])
+    except KeyError:
+        return None
+    with _TIKTOKEN_LOCK:
+        try:
+            if mode == "download":
+                return tiktoken.get_encoding(name)
+            with _no_downloads():
+                return tiktoken.get_encoding(name)
+        except Exception:  # noqa: BLE001 - a missing or corrupt encoding means: estimate instead
+            return None
+
+
+@dataclass
+class TokenCounter:
+    """Counts a model's tokens locally: exactly with a tiktoken ``encoding``, else by estimate."""
+
+    encoding: Any | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.encoding is not None
+
+    def count(self, text: str, chars_per_token: float = CONSERVATIVE_BYTES_PER_TOKEN) -> int:
+        if self.encoding is not None:
+            return len(self.encoding.encode(text, disallowed_special=()))
+        return estimate_tokens(text, chars_per_token)
+
+    def prompt(self, parts: list[str], chars_per_token: float = CONSERVATIVE_BYTES_PER_TOKEN) -> int:
+        """Tokens of a chat prompt made of ``parts`` (system, user)."""
+        return chat_tokens(parts, lambda t: self.count(t, chars_per_token))
+
+    @classmethod
+    def for_model(cls, model: str, mode: TokenizerMode = "cached") -> TokenCounter:
+        return cls(tiktoken_encoding(model, mode))
 
 
 @dataclass
@@ -43,6 +144,8 @@ class Usage:
     """Totals of one member (or the whole run)."""
 
     calls: int = 0
+    #: Calls that got no usable answer (retries ran out, refused, timed out, unreachable).
+    failed: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
@@ -69,8 +172,12 @@ class CostLedger:
     max_cost_usd: float | None = None
     total: Usage = field(default_factory=Usage)
     by_member: dict[str, Usage] = field(default_factory=dict)
-    #: Characters per prompt token assumed when reserving: 3, or less once a denser prompt was seen.
-    chars_per_token: float = 3.0
+    #: UTF-8 bytes per prompt token assumed when reserving: conservative until a served prompt was
+    #: seen, then 0.9 of the densest one seen (at most :data:`MAX_LEARNED_BYTES_PER_TOKEN`).
+    chars_per_token: float = CONSERVATIVE_BYTES_PER_TOKEN
+    #: Failed calls by kind (``transient``, ``timeout``, ``refused``, ``context``, ``unreachable``, ``fatal``).
+    failures: Counter[str] = field(default_factory=Counter)
+    _observed: bool = False
     _reserved_tokens: int = 0
     _reserved_cost: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -127,10 +234,20 @@ class CostLedger:
                 usage.cost_usd += cost
 
     def observe_prompt(self, chars: int, tokens: int) -> None:
-        """Learn from a served prompt: if it was denser than assumed, assume denser (with 10% margin)."""
+        """Learn from a served prompt (UTF-8 bytes, tokens the server counted): the first replaces the
+        conservative prior, later ones can only make the estimate denser (always with a 10% margin)."""
         if tokens > 0 and chars > 0:
+            density = min(MAX_LEARNED_BYTES_PER_TOKEN, 0.9 * chars / tokens)
             with self._lock:
-                self.chars_per_token = min(self.chars_per_token, 0.9 * chars / tokens)
+                self.chars_per_token = density if not self._observed else min(self.chars_per_token, density)
+                self._observed = True
+
+    def fail(self, member: str, kind: str) -> None:
+        """Count a call that got no usable answer."""
+        with self._lock:
+            self.failures[kind] += 1
+            for usage in (self.total, self.by_member.setdefault(member, Usage())):
+                usage.failed += 1
 
     def add(self, member: str, tokens_in: int, tokens_out: int, cost: float) -> None:
         """Count usage that happened outside a reservation (calls of a run before it was resumed)."""

@@ -57,20 +57,48 @@ class PromptVariant:
         return "p-" + stable_hash(sorted(self.sections.items()))[:12]
 
 
+#: What differs between two occurrences of one error: temporary names (PoCL's
+#: ``tempfile_XXXX.cl``, Python's ``tmpab12cd34``), absolute paths, addresses, long hashes, then
+#: where in the file it was (``<file>:13:25:``, ``line 13:25:``) and the leading ``error:``.
+_TEMP = re.compile(r"\b(?:tempfile|tmp|temp)[_-]?[A-Za-z0-9]{4,}\w*", re.IGNORECASE)
+_PATH = re.compile(r"(?<![\w.>])(?:[A-Za-z]:)?(?:[/\\][\w.@+~<>-]+)+")
+_ADDR = re.compile(r"\b0x[0-9a-f]{4,}\b", re.IGNORECASE)
+_HASH = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{12,}\b", re.IGNORECASE)
+_SOURCE = re.compile(r"\b[\w.-]+\.(?:cl|cu|cuh|cpp|cc|c|h|hpp|hip|py)(?=[:(])")
+_LOCATION = re.compile(
+    r"(?:<file>|\bline)\s*(?::\s*\d+(?::\d+)?:?|\(\d+\)\s*:?|\s\d+(?::\d+)?:?)\s*", re.IGNORECASE
+)
+_LEAD = re.compile(r"^(?:(?:fatal )?error|warning)\s*:\s*", re.IGNORECASE)
+
+
+def normalise_error(text: str) -> str:
+    """One error line without what changes between occurrences (temp names, paths, addresses, hashes,
+    file positions), so identical errors read identically: ``error: /root/.cache/pocl/kcache/
+    tempfile_Ab12Cd.cl:13:25: use of undeclared identifier 'x'`` -> ``use of undeclared identifier 'x'``."""
+    text = " ".join(text.split())[:400]
+    text = _TEMP.sub("<tmp>", text)
+    text = _PATH.sub("<file>", text)
+    text = _SOURCE.sub("<file>", text)
+    text = _ADDR.sub("<addr>", text)
+    text = _HASH.sub("<hash>", text)
+    text = _LOCATION.sub("", text)
+    return _LEAD.sub("", text).strip()
+
+
 def error_pattern(record: EvalRecord) -> tuple[str, str] | None:
-    """(pattern, example) for a failure worth learning from; the pattern hides numbers and names."""
+    """(pattern, example) for a failure worth learning from; the pattern hides numbers and names,
+    the example is the normalised error line (see :func:`normalise_error`)."""
     if record.outcome not in LEARN_FROM:
         return None
     text = record.message or ""
     if record.outcome is Outcome.compile_error:
         lines = [x for x in (record.log or text).splitlines() if re.search(r"\berror\b", x, re.IGNORECASE)]
         text = lines[0] if lines else text
-    text = " ".join(text.split())[:200]
+    text = normalise_error(text)[:200]
     if not text:
         return None
-    pattern = re.sub(r"^\S*:\d+:(\d+:)?\s*", "", text)  # file:line:col:
-    pattern = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`", "'X'", pattern)
-    pattern = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "N", pattern, flags=re.IGNORECASE)
+    pattern = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`", "'X'", text)
+    pattern = re.sub(r"\d+(\.\d+)?", "N", pattern)
     return f"{record.outcome.value}: {pattern.lower()[:120]}", text
 
 

@@ -22,6 +22,13 @@ from kfoundry.core.generator import GenerationRequest
 from kfoundry.core.models import Proposal, stable_hash
 
 CallKind = Literal["generate", "rank", "meta"]
+#: ``transient`` (retries ran out), ``timeout`` (the last attempt timed out), ``refused`` (this
+#: request only), ``context`` (refused: too long for the model's context), ``unreachable`` (no
+#: answer from the server: the run stopped here), ``fatal`` (stops the run) or ``budget`` (never
+#: sent: the caps leave no room; ``max_tokens`` then holds the prompt estimate).
+ErrorKind = Literal["transient", "timeout", "refused", "context", "unreachable", "fatal", "budget"]
+#: Calls that do not count as asked: a resumed run (and a replay) asks them again.
+NOT_ASKED = ("budget", "unreachable")
 
 _DDL = [
     """CREATE TABLE IF NOT EXISTS llm_calls (
@@ -66,9 +73,7 @@ class CallRecord(BaseModel):
     latency_s: float = 0.0
     attempts: int = 1
     error: str | None = None
-    #: ``transient`` (retries ran out), ``refused`` (this request only), ``fatal`` (stops the run) or
-    #: ``budget`` (never sent: the caps leave no room; ``max_tokens`` then holds the prompt estimate).
-    error_kind: Literal["transient", "refused", "fatal", "budget"] | None = None
+    error_kind: ErrorKind | None = None
     generation: int | None = None
     max_tokens: int = 0
     price_in: float = 0.0
@@ -131,7 +136,7 @@ class Recorder:
         self.previous: list[CallRecord] = self._previous_calls()
         for call in self.previous:
             self._seq = max(self._seq, call.seq)
-            if call.error_kind != "budget":
+            if call.error_kind not in NOT_ASKED:
                 self._occurrences[(call.member, call.request_key)] += 1
 
     def _previous_calls(self) -> list[CallRecord]:
@@ -150,6 +155,12 @@ class Recorder:
             n = self._occurrences[(member, key)]
             self._occurrences[(member, key)] += 1
             return n
+
+    def forget(self, member: str, key: str) -> None:
+        """Undo :meth:`occurrence` for a call that stopped the run before it was answered."""
+        with self._lock:
+            if self._occurrences[(member, key)] > 0:
+                self._occurrences[(member, key)] -= 1
 
     def record(self, call: CallRecord) -> CallRecord:
         """Assign the next sequence number and write the call everywhere."""

@@ -10,25 +10,41 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
+
+#: What went wrong in one attempt: the server answered with an error status or a malformed body,
+#: could not be reached at all (refused, unknown host, reset), or did not answer in time.
+FailureKind = Literal["status", "malformed", "connection", "timeout"]
 
 
 class TransientError(Exception):
     """A failure worth retrying (429, 5xx, timeout, connection error, malformed 200)."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, kind: FailureKind = "status") -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.kind: FailureKind = kind
 
 
 class RetriesExhausted(Exception):
-    """Every attempt failed with a transient error."""
+    """Every attempt failed with a transient error (``kinds``: each attempt's :data:`FailureKind`)."""
 
-    def __init__(self, message: str, attempts: list[str]) -> None:
+    def __init__(self, message: str, attempts: list[str], kinds: list[FailureKind] | None = None) -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.kinds: list[FailureKind] = kinds if kinds is not None else ["status"] * len(attempts)
+
+    @property
+    def unreachable(self) -> bool:
+        """Every attempt failed to connect: no server answers at that address."""
+        return bool(self.kinds) and all(k == "connection" for k in self.kinds)
+
+    @property
+    def timed_out(self) -> bool:
+        """The last attempt timed out."""
+        return bool(self.kinds) and self.kinds[-1] == "timeout"
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -64,14 +80,16 @@ class RetryPolicy:
     def call(self, fn: Callable[[], T], on_failure: Callable[[int, TransientError], None] | None = None) -> T:
         """Call ``fn`` until it succeeds or the retries run out (:class:`RetriesExhausted`)."""
         errors: list[str] = []
+        kinds: list[FailureKind] = []
         for attempt in range(self.max_retries + 1):
             try:
                 return fn()
             except TransientError as exc:
                 errors.append(str(exc))
+                kinds.append(exc.kind)
                 if on_failure is not None:
                     on_failure(attempt + 1, exc)
                 if attempt == self.max_retries:
                     break
                 self.sleep(self.delay(attempt + 1, exc.retry_after))
-        raise RetriesExhausted(f"{len(errors)} attempts failed; last: {errors[-1]}", errors)
+        raise RetriesExhausted(f"{len(errors)} attempts failed; last: {errors[-1]}", errors, kinds)

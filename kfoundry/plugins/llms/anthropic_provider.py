@@ -6,17 +6,18 @@ environment variable named by ``api_key_env`` (default ``ANTHROPIC_API_KEY``).
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kfoundry import hookimpl
 from kfoundry.core.hookspecs import Register
-from kfoundry.core.llm.cost import estimate_tokens
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError
-from kfoundry.plugins.llms.openai_provider import error_text, retry_after
+from kfoundry.plugins.llms.openai_provider import connection_text, error_text, retry_after
 
 if TYPE_CHECKING:  # the SDK is imported where a call is made: importing it takes about a second
     import anthropic
@@ -44,6 +45,24 @@ class AnthropicOptions(ProviderOptions):
         default=True, description="Mark the stable part of each prompt for Anthropic's prompt cache."
     )
 
+    @model_validator(mode="after")
+    def _hint_v1(self) -> AnthropicOptions:
+        if self.base_url and extra_v1(self.base_url):
+            warnings.warn(v1_hint(self.base_url), UserWarning, stacklevel=2)
+        return self
+
+
+def extra_v1(url: str) -> bool:
+    """True when ``url`` ends in ``/v1``: the SDK appends ``/v1/messages`` itself."""
+    return urlsplit(url).path.rstrip("/").endswith("/v1")
+
+
+def v1_hint(url: str) -> str:
+    root = url.rstrip("/")[: -len("/v1")]
+    return (
+        f"base_url {url} ends in /v1, but the Anthropic SDK appends /v1/messages itself; did you mean {root}?"
+    )
+
 
 class AnthropicProvider(LLMProvider):
     """Anthropic Messages API."""
@@ -51,6 +70,7 @@ class AnthropicProvider(LLMProvider):
     provider = "anthropic"
     default_model = "claude-sonnet-4-5"
     default_key_env = "ANTHROPIC_API_KEY"
+    default_base_url = "https://api.anthropic.com"
 
     def __init__(self, options: AnthropicOptions) -> None:
         super().__init__(options)
@@ -66,8 +86,12 @@ class AnthropicProvider(LLMProvider):
                 base_url=self.options.base_url,
                 timeout=self.options.timeout,
                 max_retries=0,
+                default_headers=self.extra_headers() or None,
             )
         return self._client
+
+    def endpoint(self) -> str:
+        return str(self._client.base_url).rstrip("/") if self._client is not None else super().endpoint()
 
     def _complete(self, prompt: Prompt, max_tokens: int) -> Completion:
         opts = self.options
@@ -87,8 +111,13 @@ class AnthropicProvider(LLMProvider):
             }
         if opts.effort is not None:
             kwargs["output_config"] = {"effort": opts.effort}
+        extra = dict(opts.extra_body)
         if opts.temperature is not None and "thinking" not in kwargs:
-            kwargs["extra_body"] = {"temperature": opts.temperature}
+            extra.setdefault("temperature", opts.temperature)
+        if opts.top_p is not None and "thinking" not in kwargs:
+            kwargs["top_p"] = opts.top_p
+        if extra:
+            kwargs["extra_body"] = extra
         import anthropic
 
         try:
@@ -98,13 +127,21 @@ class AnthropicProvider(LLMProvider):
             what = f"llm {self.name}: HTTP {status}: {self.scrub(error_text(exc))}"
             if status in _RETRYABLE or status >= 500:
                 raise TransientError(what, retry_after(exc)) from None
+            if status == 404 and opts.base_url and extra_v1(opts.base_url):
+                what += f" ({v1_hint(opts.base_url)})"
             if status in _FATAL:
                 raise LLMError(what) from None
             raise CallRefused(what) from None
-        except anthropic.APIConnectionError as exc:  # includes timeouts
-            raise TransientError(f"llm {self.name}: {type(exc).__name__}: {exc}") from None
+        except anthropic.APITimeoutError as exc:
+            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="timeout") from None
+        except anthropic.APIConnectionError as exc:
+            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="connection") from None
         except ValueError as exc:  # a 200 whose body claims JSON but is not
-            raise TransientError(f"llm {self.name}: malformed reply (not JSON: {exc})") from None
+            raise TransientError(
+                f"llm {self.name}: malformed reply (not JSON: {exc})", kind="malformed"
+            ) from None
+        except anthropic.AnthropicError as exc:  # anything else the SDK raises: one line, not a traceback
+            raise LLMError(f"llm {self.name}: {self.scrub(connection_text(exc))}") from None
         return self._read(resp)
 
     def _content(self, prompt: Prompt) -> str | list[dict[str, Any]]:
@@ -121,14 +158,16 @@ class AnthropicProvider(LLMProvider):
         from anthropic.types import Message
 
         if not isinstance(resp, Message):
-            raise TransientError(f"llm {self.name}: malformed reply ({type(resp).__name__}, not a message)")
+            raise TransientError(
+                f"llm {self.name}: malformed reply ({type(resp).__name__}, not a message)", kind="malformed"
+            )
         content, usage = getattr(resp, "content", None), getattr(resp, "usage", None)
         if not isinstance(content, list):
-            raise TransientError(f"llm {self.name}: malformed reply (no content list)")
+            raise TransientError(f"llm {self.name}: malformed reply (no content list)", kind="malformed")
         parts = [getattr(b, "text", None) for b in content if getattr(b, "type", "") == "text"]
         text = "".join(p for p in parts if isinstance(p, str))
-        if usage is None:  # count conservatively
-            return Completion(text, 0, estimate_tokens(text), getattr(resp, "stop_reason", "") or "")
+        if usage is None:  # the base class counts locally
+            return Completion(text, 0, 0, getattr(resp, "stop_reason", "") or "", usage=False)
         tokens_in = sum(
             int(getattr(usage, f, 0) or 0)
             for f in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")

@@ -8,13 +8,14 @@ server's base URL ends in ``/v1``. The key comes from the environment variable n
 from __future__ import annotations
 
 import re
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kfoundry import hookimpl
 from kfoundry.core.hookspecs import Register
-from kfoundry.core.llm.cost import estimate_tokens
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError, parse_retry_after
@@ -39,6 +40,34 @@ class OpenAIOptions(ProviderOptions):
     )
     seed: int | None = Field(default=None, description="Sampling seed, where the server honours it.")
 
+    @model_validator(mode="after")
+    def _hint_v1(self) -> OpenAIOptions:
+        if self.base_url and missing_v1(self.base_url):
+            warnings.warn(v1_hint(self.base_url), UserWarning, stacklevel=2)
+        return self
+
+
+def missing_v1(url: str) -> bool:
+    """True when ``url`` has no path at all: OpenAI-compatible servers (vLLM, Ollama, LM Studio) serve
+    the API under ``/v1``, so the SDK's ``/chat/completions`` would miss it."""
+    return urlsplit(url).path.strip("/") == ""
+
+
+def v1_hint(url: str) -> str:
+    return (
+        f"base_url {url} has no /v1: OpenAI-compatible servers (vLLM, Ollama, LM Studio, llama.cpp) "
+        f"serve the API under /v1; did you mean {url.rstrip('/')}/v1?"
+    )
+
+
+def connection_text(exc: Exception) -> str:
+    """An SDK connection error on one line, with the cause the SDK hides (refused, unknown host ...)."""
+    cause = exc.__cause__ or exc.__context__
+    text = f"{type(exc).__name__}: {exc}"
+    if cause is not None and str(cause) and str(cause) not in text:
+        text += f" ({type(cause).__name__}: {' '.join(str(cause).split())[:200]})"
+    return text
+
 
 def error_text(exc: Exception) -> str:
     """The server's own words from an SDK status error, on one line (no "Error code: NNN - " prefix)."""
@@ -60,6 +89,7 @@ class OpenAIProvider(LLMProvider):
     provider = "openai"
     default_model = "gpt-5-mini"
     default_key_env = "OPENAI_API_KEY"
+    default_base_url = "https://api.openai.com/v1"
 
     def __init__(self, options: OpenAIOptions) -> None:
         super().__init__(options)
@@ -75,8 +105,12 @@ class OpenAIProvider(LLMProvider):
                 base_url=self.options.base_url,
                 timeout=self.options.timeout,
                 max_retries=0,
+                default_headers=self.extra_headers() or None,
             )
         return self._client
+
+    def endpoint(self) -> str:
+        return str(self._client.base_url).rstrip("/") if self._client is not None else super().endpoint()
 
     def _complete(self, prompt: Prompt, max_tokens: int) -> Completion:
         opts = self.options
@@ -88,6 +122,10 @@ class OpenAIProvider(LLMProvider):
             kwargs["reasoning_effort"] = opts.reasoning_effort
         if opts.seed is not None:
             kwargs["seed"] = opts.seed
+        if opts.top_p is not None:
+            kwargs["top_p"] = opts.top_p
+        if opts.extra_body:
+            kwargs["extra_body"] = dict(opts.extra_body)
         import openai
 
         try:
@@ -97,13 +135,21 @@ class OpenAIProvider(LLMProvider):
             what = f"llm {self.name}: HTTP {status}: {self.scrub(error_text(exc))}"
             if status in _RETRYABLE or status >= 500:
                 raise TransientError(what, retry_after(exc)) from None
+            if status == 404 and opts.base_url and missing_v1(opts.base_url):
+                what += f" ({v1_hint(opts.base_url)})"
             if status in _FATAL:
                 raise LLMError(what) from None
             raise CallRefused(what) from None
-        except openai.APIConnectionError as exc:  # includes timeouts
-            raise TransientError(f"llm {self.name}: {type(exc).__name__}: {exc}") from None
+        except openai.APITimeoutError as exc:
+            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="timeout") from None
+        except openai.APIConnectionError as exc:
+            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="connection") from None
         except ValueError as exc:  # a 200 whose body claims JSON but is not
-            raise TransientError(f"llm {self.name}: malformed reply (not JSON: {exc})") from None
+            raise TransientError(
+                f"llm {self.name}: malformed reply (not JSON: {exc})", kind="malformed"
+            ) from None
+        except openai.OpenAIError as exc:  # anything else the SDK raises: one line, not a traceback
+            raise LLMError(f"llm {self.name}: {self.scrub(connection_text(exc))}") from None
         return self._read(resp)
 
     def _read(self, resp: object) -> Completion:
@@ -111,20 +157,23 @@ class OpenAIProvider(LLMProvider):
 
         if not isinstance(resp, ChatCompletion):
             raise TransientError(
-                f"llm {self.name}: malformed reply ({type(resp).__name__}, not a chat completion)"
+                f"llm {self.name}: malformed reply ({type(resp).__name__}, not a chat completion)",
+                kind="malformed",
             )
         choices = getattr(resp, "choices", None)
         if not isinstance(choices, list) or not choices:
-            raise TransientError(f"llm {self.name}: reply has no choices")
+            raise TransientError(f"llm {self.name}: reply has no choices", kind="malformed")
         choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None)
         if text is not None and not isinstance(text, str):
-            raise TransientError(f"llm {self.name}: malformed reply content ({type(text).__name__})")
+            raise TransientError(
+                f"llm {self.name}: malformed reply content ({type(text).__name__})", kind="malformed"
+            )
         usage = getattr(resp, "usage", None)
         finish = getattr(choice, "finish_reason", "") or ""
-        if usage is None:  # some local servers leave usage out: count conservatively
-            return Completion(text or "", 0, estimate_tokens(text or ""), finish)
+        if usage is None:  # some local servers leave usage out: the base class counts locally
+            return Completion(text or "", 0, 0, finish, usage=False)
         tokens_in = int(getattr(usage, "prompt_tokens", 0) or 0)
         return Completion(text or "", tokens_in, int(getattr(usage, "completion_tokens", 0) or 0), finish)
 

@@ -21,7 +21,7 @@ from kfoundry.core.hookspecs import Register
 from kfoundry.core.llm.cost import Price
 from kfoundry.core.llm.prompts import Prompt
 from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
-from kfoundry.core.llm.recording import CallKind, CallRecord, load_recording
+from kfoundry.core.llm.recording import NOT_ASKED, CallKind, CallRecord, load_recording
 from kfoundry.core.llm.retry import RetriesExhausted
 
 
@@ -59,7 +59,7 @@ class ReplayProvider(LLMProvider):
                 f"replay: choose options.member among the recorded members ({', '.join(members) or 'none'})"
             )
         self.name = member
-        mine = [c for c in calls if c.member == member and c.error_kind != "budget"]
+        mine = [c for c in calls if c.member == member and c.error_kind not in NOT_ASKED]
         if not mine:
             raise KfError(f"replay: the recording holds no call of {member} that was sent")
         self.model = mine[0].model
