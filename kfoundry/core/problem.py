@@ -228,7 +228,10 @@ class Problem:
                     inputs, outputs, flops = self._run_counted()
                 except (Exception, SystemExit) as exc:
                     raise ProblemError(
-                        one_line(f"{self.path}: the reference failed: {type(exc).__name__}: {exc}")
+                        one_line(
+                            f"{self.path}: the reference failed at {_shape_text(self.shapes)}: "
+                            f"{type(exc).__name__}: {exc}"
+                        )
                     ) from None
             tensors_in = [t for t in inputs if isinstance(t, torch.Tensor)]
             tensors_out = [t for t in outputs if isinstance(t, torch.Tensor)]
@@ -296,6 +299,33 @@ def _exec_module(code: types.CodeType, path: Path, what: str) -> types.ModuleTyp
             one_line(f"{path}: error while loading{what}: {type(exc).__name__}: {exc}")
         ) from None
     return module
+
+
+#: Literal exponents and shift counts above this are refused before the module runs: ``1 << 10**12``
+#: at module level would try to build a number the size of the machine's memory.
+MAX_LITERAL_EXPONENT = 4096
+
+
+def _parse(source: str, path: Path) -> ast.Module:
+    """The problem file's syntax tree, with no literal exponent or shift past the bound."""
+    try:
+        tree = ast.parse(source, str(path))
+    except SyntaxError as exc:
+        raise ProblemError(one_line(f"{path}:{exc.lineno}: syntax error: {exc.msg}")) from None
+    except (ValueError, RecursionError, MemoryError, OverflowError) as exc:
+        raise ProblemError(one_line(f"{path}: cannot parse: {type(exc).__name__}: {exc}")) from None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Pow | ast.LShift)
+            and isinstance(node.right, ast.Constant)
+            and isinstance(node.right.value, int | float)
+            and abs(node.right.value) > MAX_LITERAL_EXPONENT
+        ):
+            raise ProblemError(
+                f"{path}:{node.lineno}: exponent or shift {node.right.value} is larger than {MAX_LITERAL_EXPONENT}"
+            )
+    return tree
 
 
 def _compile(tree: ast.Module | str, path: Path) -> types.CodeType:
@@ -382,14 +412,10 @@ def _load_kernelbench(path: Path, shapes: dict[str, int | float]) -> Problem:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ProblemError(one_line(f"cannot read problem {path}: {exc}")) from None
-    module = _exec_module(_compile(source, path), path, "")
+    module = _exec_module(_compile(_parse(source, path), path), path, "")
     constants = _module_constants(module)
     if shapes:
-        try:
-            tree = ast.parse(source, str(path))
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # compiled above: unlikely
-            raise ProblemError(one_line(f"{path}: cannot parse: {type(exc).__name__}: {exc}")) from None
-        tree = _overridden(path, source, tree, constants, shapes)
+        tree = _overridden(path, source, _parse(source, path), constants, shapes)
         given = ", ".join(f"{k}={v}" for k, v in shapes.items())
         module = _exec_module(_compile(tree, path), path, f" with {given}")
     model = getattr(module, "Model", None)
@@ -405,6 +431,10 @@ def _load_kernelbench(path: Path, shapes: dict[str, int | float]) -> Problem:
         shapes=_module_constants(module),
         module=module,
     )
+
+
+def _shape_text(shapes: dict[str, int | float]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in shapes.items()) or "its own shapes"
 
 
 def _size(n: int) -> str:
