@@ -110,12 +110,22 @@ class OptimizeResult(BaseModel):
         """Plain data for ``--json``: the run, the best kernel (without its source) and the per-shape table."""
         best = self.best
         return {
-            "run_id": self.run_id, "run_dir": str(self.run_dir), "problem": self.problem,
-            "stop_reason": self.stop_reason, "generations": self.generations, "evaluations": self.evaluations,
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "problem": self.problem,
+            "stop_reason": self.stop_reason,
+            "generations": self.generations,
+            "evaluations": self.evaluations,
             "coverage": self.coverage,
-            "best": None if best is None else {
-                "label": best.label, "params": best.params, "outcome": best.record.outcome.value,
-                "speedup": best.speedup, "median_ms": best.median_ms, "candidate_hash": best.candidate.content_hash,
+            "best": None
+            if best is None
+            else {
+                "label": best.label,
+                "params": best.params,
+                "outcome": best.record.outcome.value,
+                "speedup": best.speedup,
+                "median_ms": best.median_ms,
+                "candidate_hash": best.candidate.content_hash,
                 "roofline_flag": best.record.roofline_flag,
             },
             "speedup_over_seed": self.speedup_over_seed,
@@ -142,7 +152,11 @@ class ExportResult(BaseModel):
 
 def _config(config: RunConfig | str | Path | None, overrides: Sequence[str]) -> RunConfig:
     if isinstance(config, RunConfig):
-        return load_config(data=config.model_dump(mode="json"), overrides=list(overrides)) if overrides else config
+        return (
+            load_config(data=config.model_dump(mode="json"), overrides=list(overrides))
+            if overrides
+            else config
+        )
     return load_config(str(config) if config is not None else None, list(overrides))
 
 
@@ -157,8 +171,9 @@ def _language(config: RunConfig) -> str:
     return str(getattr(factory, "language", "opencl"))
 
 
-def shape_sets_of(config: RunConfig, shapes: ShapeSet | None = None,
-                  shape_sets: Sequence[ShapeSet] | None = None) -> list[ShapeSet]:
+def shape_sets_of(
+    config: RunConfig, shapes: ShapeSet | None = None, shape_sets: Sequence[ShapeSet] | None = None
+) -> list[ShapeSet]:
     """The shape sets a run covers: ``shape_sets`` (argument, else ``problem.shape_sets``), each over
     ``problem.shapes`` and ``shapes``; a single set (possibly empty: the problem's own constants) otherwise."""
     base = {**config.problem.shapes, **(shapes or {})}
@@ -193,20 +208,35 @@ def result_of(loop: OptimizeLoop, summary: LoopSummary) -> OptimizeResult:
     usage = getattr(loop.generator, "usage", None)
     sets = list(getattr(loop.evaluator, "shape_sets", []) or [])
     return OptimizeResult(
-        run_id=summary.run_id, run_dir=summary.run_dir, problem=loop.problem.name, stop_reason=summary.stop_reason,
-        generations=summary.generations, evaluations=summary.evaluations, coverage=summary.coverage,
+        run_id=summary.run_id,
+        run_dir=summary.run_dir,
+        problem=loop.problem.name,
+        stop_reason=summary.stop_reason,
+        generations=summary.generations,
+        evaluations=summary.evaluations,
+        coverage=summary.coverage,
         best=KernelResult(candidate=best.candidate, record=best.record) if best is not None else None,
-        seed=seed_result, shape_sets=sets,
+        seed=seed_result,
+        shape_sets=sets,
         best_per_shape=[ShapeResult.model_validate(s) for s in best.record.resources.get("per_shape", [])]
-        if best is not None else [],
-        archive=list(loop.strategy.archive), llm_usage=usage() if callable(usage) else None,
+        if best is not None
+        else [],
+        archive=list(loop.strategy.archive),
+        llm_usage=usage() if callable(usage) else None,
         exported=summary.exported,
     )
 
 
 @contextmanager
-def open_loop(config: RunConfig, problem_path: Path, shape_sets: list[ShapeSet], run_id: str, run_dir: Path,
-              seed_kernel: Path | None, observer: LoopObserver | None = None) -> Iterator[OptimizeLoop]:
+def open_loop(
+    config: RunConfig,
+    problem_path: Path,
+    shape_sets: list[ShapeSet],
+    run_id: str,
+    run_dir: Path,
+    seed_kernel: Path | None,
+    observer: LoopObserver | None = None,
+) -> Iterator[OptimizeLoop]:
     """The problem(s), evaluator(s), store and loop of a run folder; closed on exit."""
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.loop import STORE_FILE, OptimizeLoop, ShapeSetEvaluator
@@ -221,17 +251,25 @@ def open_loop(config: RunConfig, problem_path: Path, shape_sets: list[ShapeSet],
         for p in problems:
             evaluators.append(Evaluator(p, config, store, run_id))
         evaluator: Any = evaluators[0] if len(evaluators) == 1 else ShapeSetEvaluator(evaluators, shape_sets)
-        yield OptimizeLoop(config, problems[0], evaluator, store, run_id, run_dir, observer=observer,
-                           seed_kernel=seed_kernel)
+        yield OptimizeLoop(
+            config, problems[0], evaluator, store, run_id, run_dir, observer=observer, seed_kernel=seed_kernel
+        )
     finally:
         for e in evaluators:
             e.close()
         store.close()
 
 
-def run_folder(config: RunConfig, problem_path: Path, shape_sets: list[ShapeSet], run_id: str, run_dir: Path,
-               seed_kernel: Path | None, observer: LoopObserver | None = None,
-               report: bool = True) -> OptimizeResult:
+def run_folder(
+    config: RunConfig,
+    problem_path: Path,
+    shape_sets: list[ShapeSet],
+    run_id: str,
+    run_dir: Path,
+    seed_kernel: Path | None,
+    observer: LoopObserver | None = None,
+    report: bool = True,
+) -> OptimizeResult:
     """Run (or continue) the optimisation of a run folder to the end; writes ``report.html`` after."""
     with open_loop(config, problem_path, shape_sets, run_id, run_dir, seed_kernel, observer) as loop:
         summary = loop.run()
@@ -296,8 +334,13 @@ def optimize(
     return run_folder(cfg, path, all_sets, run_id, run_dir, seed, observer, report=report)
 
 
-def resume(run_dir: str | Path, *, overrides: Sequence[str] = (), observer: LoopObserver | None = None,
-           report: bool = True) -> OptimizeResult:
+def resume(
+    run_dir: str | Path,
+    *,
+    overrides: Sequence[str] = (),
+    observer: LoopObserver | None = None,
+    report: bool = True,
+) -> OptimizeResult:
     """Continue a stopped or killed run where it left off (``overrides`` may raise its budgets)."""
     from kfoundry.core.loop import read_run_file, run_shape_sets
 
@@ -305,8 +348,16 @@ def resume(run_dir: str | Path, *, overrides: Sequence[str] = (), observer: Loop
     info = read_run_file(folder)
     cfg = load_config(data=info["config"], overrides=list(overrides))
     seed = Path(info["seed_kernel"]) if info.get("seed_kernel") else None
-    return run_folder(cfg, Path(info["problem"]), run_shape_sets(info), info["run_id"], folder, seed, observer,
-                      report=report)
+    return run_folder(
+        cfg,
+        Path(info["problem"]),
+        run_shape_sets(info),
+        info["run_id"],
+        folder,
+        seed,
+        observer,
+        report=report,
+    )
 
 
 def evaluate(
@@ -361,13 +412,16 @@ def tune(
     store = Store(Path(cfg.output_dir) / "eval-cache.sqlite")
     try:
         with Evaluator(prob, cfg, store=store) as evaluator:
-            return tune_candidate(evaluator, cand, cfg.tuner, evaluations=evaluations, wall_time_s=wall_time_s,
-                                  seed=cfg.seed)
+            return tune_candidate(
+                evaluator, cand, cfg.tuner, evaluations=evaluations, wall_time_s=wall_time_s, seed=cfg.seed
+            )
     finally:
         store.close()
 
 
-def export(run_dir: str | Path, to: str | Path, *, header: bool = False, name: str | None = None) -> ExportResult:
+def export(
+    run_dir: str | Path, to: str | Path, *, header: bool = False, name: str | None = None
+) -> ExportResult:
     """Write RUN_DIR's kernels as an importable package at ``to`` (dispatch by device, dtype and shape,
     reference fallback); ``header`` also writes a C header of per-device, per-shape defines."""
     from kfoundry.core.export import export_run
