@@ -131,6 +131,8 @@ class LLMServer:
         #: (prompt tokens, completion tokens) of every reply, as this server's tokenizer counts them.
         self.served: list[tuple[int, int]] = []
         self._lock = threading.Lock()
+        self.dead = False
+        self._connections: set[socket.socket] = set()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
@@ -157,10 +159,16 @@ class LLMServer:
         self.kill()
 
     def kill(self) -> None:
-        """Stop serving and close the socket: later connections are refused."""
+        """Stop serving and close every socket, open keep-alive connections too: the server is gone."""
+        self.dead = True
         if self._thread.is_alive():
             self._httpd.shutdown()
         self._httpd.server_close()
+        with self._lock:
+            for conn in list(self._connections):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            self._connections.clear()
 
     def count(self, text: str) -> int:
         return count(text, self.chars_per_token)
@@ -184,7 +192,21 @@ class LLMServer:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with server._lock:
+                    server._connections.discard(self.connection)
+                with contextlib.suppress(OSError):
+                    super().finish()
+
             def do_POST(self) -> None:  # noqa: N802
+                if server.dead:  # killed: drop the connection without an answer
+                    self.close_connection = True
+                    return
                 length = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(length)
                 try:

@@ -481,6 +481,7 @@ class LLMProvider(Generator):
     def _failed(self, kind: CallKind, key: str, record: CallRecord, exc: Exception, latency: float) -> None:
         """Record, count and log one failed call; raise what stops the run."""
         text = self.scrub(str(exc))
+        shown = _plain(text)
         error_kind: ErrorKind
         stop: LLMError | None = None
         if isinstance(exc, LLMError):
@@ -490,7 +491,7 @@ class LLMProvider(Generator):
         else:
             assert isinstance(exc, RetriesExhausted)
             self._failed_in_row += 1
-            last = _plain(self.scrub(exc.attempts[-1])) if exc.attempts else text
+            last = shown = _plain(self.scrub(exc.attempts[-1])) if exc.attempts else shown
             error_kind = "timeout" if exc.timed_out else "transient"
             if exc.unreachable:
                 stop = ModelUnreachable(
@@ -518,7 +519,7 @@ class LLMProvider(Generator):
                 error_kind, error_kind
             )
             log.warning(
-                "llm %s: %s call failed (%s, %d attempts): %s", self.name, kind, what, attempts, _plain(text)
+                "llm %s: %s call failed (%s, %d attempts): %s", self.name, kind, what, attempts, shown
             )
             return
         raise stop from None
@@ -544,9 +545,15 @@ class LLMProvider(Generator):
                 done = self.call("generate", prompt, key, generation=request.generation)
                 if done is None and self._context_refused and req.inspirations:
                     req = req.model_copy(update={"inspirations": []})  # a shorter prompt: no inspirations
-                    log.warning("llm %s: asking again without the %d inspirations", self.name, len(request.inspirations))
+                    log.warning(
+                        "llm %s: asking again without the %d inspirations",
+                        self.name,
+                        len(request.inspirations),
+                    )
                     key = request_key(self.name, "generate", req)
-                    done = self.call("generate", self.builder.generation(req), key, generation=request.generation)
+                    done = self.call(
+                        "generate", self.builder.generation(req), key, generation=request.generation
+                    )
             except LLMBudgetExhausted:
                 self.budget_refused = True
                 if not proposals:

@@ -115,7 +115,7 @@ class AnthropicProvider(LLMProvider):
         if opts.temperature is not None and "thinking" not in kwargs:
             extra.setdefault("temperature", opts.temperature)
         if opts.top_p is not None and "thinking" not in kwargs:
-            kwargs["top_p"] = opts.top_p
+            extra.setdefault("top_p", opts.top_p)  # sent like temperature: newer SDKs leave it out
         if extra:
             kwargs["extra_body"] = extra
         import anthropic

@@ -71,7 +71,12 @@ def connection_text(exc: Exception) -> str:
 
 def error_text(exc: Exception) -> str:
     """The server's own words from an SDK status error, on one line (no "Error code: NNN - " prefix)."""
-    text = re.sub(r"^Error code: \d+ - ", "", str(getattr(exc, "message", "") or exc))
+    body = getattr(exc, "body", None)
+    err = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        text = err["message"]
+    else:
+        text = re.sub(r"^Error code: \d+ - ", "", str(getattr(exc, "message", "") or exc))
     return " ".join(text.split())[:300]
 
 

@@ -1,0 +1,460 @@
+"""The language-model client against a misbehaving server on 127.0.0.1: dead, killed, slow, no ``usage``,
+a denser tokenizer, context-length refusals, a base URL without ``/v1``; caps, failure lines, options."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llm_server import LLMServer, Reply, Slow, Status, fenced, free_port, vecadd
+
+from kfoundry.core.config import load_config
+from kfoundry.core.errors import ConfigError
+from kfoundry.core.generator import Attempt, GenerationRequest, ProblemSummary
+from kfoundry.core.llm.cost import (
+    CONSERVATIVE_BYTES_PER_TOKEN,
+    CostLedger,
+    LLMBudgetExhausted,
+    TokenCounter,
+    tiktoken_encoding,
+)
+from kfoundry.core.llm.provider import (
+    LLMError,
+    LLMProvider,
+    ModelUnreachable,
+    check_base_url,
+    context_refusal,
+)
+from kfoundry.core.llm.recording import Recorder, load_recording
+from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome
+from kfoundry.plugins.llms.anthropic_provider import AnthropicOptions, AnthropicProvider
+from kfoundry.plugins.llms.openai_provider import OpenAIOptions, OpenAIProvider
+
+KEY = "sk-kfharden-31c4e9a7b2d85f60"
+REFERENCE = (
+    "import torch\nclass Model(torch.nn.Module):\n    def forward(self, a, b):\n        return a + b\n"
+)
+APIS = ["openai", "anthropic"]
+
+
+def request(n: int = 1, inspirations: int = 0) -> GenerationRequest:
+    insp = [
+        Attempt(
+            candidate=Candidate(source=fenced(vecadd(32 * (i + 1))) * 3, language="opencl"),
+            record=None,
+        )
+        for i in range(inspirations)
+    ]
+    return GenerationRequest(
+        problem=ProblemSummary(name="vadd", reference_source=REFERENCE, shapes={"N": 4096}),
+        language="opencl",
+        device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu", peak_bandwidth_gbs=20.0),
+        n=n,
+        inspirations=insp,
+    )
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KF_TEST_KEY", KEY)
+
+
+@pytest.fixture
+def server() -> Iterator[LLMServer]:
+    with LLMServer(key=KEY) as srv:
+        yield srv
+
+
+def make(api: str, url: str, tmp_path: Path, **opts: object) -> LLMProvider:
+    common = {"api_key_env": "KF_TEST_KEY", "timeout": 2.0, "max_retries": 2, **opts}
+    p: LLMProvider = (
+        OpenAIProvider(OpenAIOptions(base_url=url, **common))  # type: ignore[arg-type]
+        if api == "openai"
+        else AnthropicProvider(AnthropicOptions(base_url=url, **common))  # type: ignore[arg-type]
+    )
+    p.configure(model=f"{api}-model", recorder=Recorder(path=tmp_path / "calls.jsonl"))
+    p.retry.sleep = lambda s: None
+    return p
+
+
+def url_of(srv: LLMServer, api: str) -> str:
+    return srv.openai_url if api == "openai" else srv.anthropic_url
+
+
+def route(srv: LLMServer, api: str):  # noqa: ANN201
+    return srv.openai if api == "openai" else srv.anthropic
+
+
+# -- a server that is not there ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_never_started_server_is_one_line_naming_provider_url_and_error(api: str, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}" + ("/v1" if api == "openai" else "")
+    p = make(api, url, tmp_path)
+    start = time.monotonic()
+    with pytest.raises(ModelUnreachable) as err:
+        p.propose(request(n=3))
+    msg = str(err.value)
+    assert "\n" not in msg and api in msg and f"127.0.0.1:{port}" in msg and "Connection refused" in msg, msg
+    assert time.monotonic() - start < 10
+    [call] = load_recording(tmp_path / "calls.jsonl")  # the first call stopped it: nothing more was asked
+    assert call.error_kind == "unreachable" and call.attempts == 3
+    assert p.ledger.failures["unreachable"] == 1 and p.ledger.total.failed == 1
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_server_killed_mid_run(api: str, tmp_path: Path) -> None:
+    srv = LLMServer(key=KEY).__enter__()
+    route(srv, api).push(Reply(fenced(vecadd())))
+    p = make(api, url_of(srv, api), tmp_path)
+    [prop] = p.propose(request())
+    assert prop.candidate is not None
+    srv.kill()
+    with pytest.raises(ModelUnreachable, match="cannot reach"):
+        p.propose(request())
+
+
+def test_slow_server_calls_time_out_are_logged_counted_then_stop_the_run(
+    server: LLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.openai.responder = lambda body: Slow(1.0, Reply("late"))
+    p = make("openai", server.openai_url, tmp_path, timeout=0.3, max_retries=0, max_failed_calls=3)
+    caplog.set_level(logging.WARNING, logger="kfoundry.core.llm.provider")
+    assert p.propose(request(n=2)) == []  # two failed calls: the run goes on
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("generate call failed (timed out, 1 attempts)" in x for x in lines), lines
+    assert p.ledger.failures == {"timeout": 2}
+    with pytest.raises(ModelUnreachable, match="answered none of the last 3 calls"):
+        p.propose(request())
+    kinds = [c.error_kind for c in load_recording(tmp_path / "calls.jsonl")]
+    assert kinds == ["timeout", "timeout", "unreachable"]
+
+
+def test_an_answer_resets_the_count_of_failed_calls(server: LLMServer, tmp_path: Path) -> None:
+    server.openai.push(
+        Status(503), Reply(fenced(vecadd())), Status(503), Status(503), Reply(fenced(vecadd()))
+    )
+    p = make("openai", server.openai_url, tmp_path, max_retries=0, max_failed_calls=3)
+    props = p.propose(request(n=5))
+    assert len(props) == 2  # 1 fail, ok, 2 fails, ok: never 3 in a row
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_failed_and_refused_calls_print_one_line_each(
+    api: str, server: LLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    route(server, api).push(Status(400, "bad request body"), Status(500), Status(500), Status(500))
+    route(server, api).push(Reply(fenced(vecadd())))
+    caplog.set_level(logging.WARNING, logger="kfoundry.core.llm.provider")
+    p = make(api, url_of(server, api), tmp_path)
+    assert len(p.propose(request(n=3))) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "(refused, 1 attempts): HTTP 400: bad request body" in lines[0]
+    assert "(transient, 3 attempts)" in lines[1] and "HTTP 500" in lines[1]
+    assert dict(p.ledger.failures) == {"refused": 1, "transient": 1}
+    assert p.ledger.total.calls == 1 and p.ledger.total.failed == 2
+
+
+# -- caps ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_token_cap_holds_with_a_server_that_sends_no_usage(api: str, tmp_path: Path) -> None:
+    cap = 5000
+    with LLMServer(key=KEY, usage=False) as srv:
+        route(srv, api).responder = lambda body: Reply(fenced(vecadd()))
+        p = make(api, url_of(srv, api), tmp_path, max_tokens=800)
+        p.configure(ledger=CostLedger(max_tokens=cap))
+        with pytest.raises(LLMBudgetExhausted):
+            for _ in range(20):
+                p.propose(request())
+        assert len(srv.served) >= 1
+        assert srv.served_tokens <= cap  # what the server really counted stayed under the cap
+        assert p.ledger.total.tokens >= srv.served_tokens  # and we never counted less than it did
+        assert p.ledger.total.tokens <= cap
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_token_cap_holds_on_the_first_call_with_a_tokenizer_twice_as_dense(api: str, tmp_path: Path) -> None:
+    probe = make(api, "http://127.0.0.1:9/v1" if api == "openai" else "http://127.0.0.1:9", tmp_path)
+    prompt = probe.builder.generation(request())
+    true_prompt = len(prompt.system + prompt.user) // 2 + 2
+    cap = true_prompt + 300  # the prompt alone, as the server counts it, nearly fills the cap
+    with LLMServer(key=KEY, chars_per_token=2.0) as srv:
+        route(srv, api).responder = lambda body: Reply(fenced(vecadd()))
+        p = make(api, url_of(srv, api), tmp_path, max_tokens=4000)
+        p.configure(ledger=CostLedger(max_tokens=cap))
+        with pytest.raises(LLMBudgetExhausted) as err:
+            for _ in range(5):
+                p.propose(request())
+        assert srv.served_tokens <= cap, (srv.served, cap)
+        assert p.ledger.total.tokens <= cap
+        assert f"of {cap} tokens used" in str(err.value)
+
+
+def test_a_prompt_larger_than_the_cap_is_never_sent(server: LLMServer, tmp_path: Path) -> None:
+    p = make("openai", server.openai_url, tmp_path)
+    p.configure(ledger=CostLedger(max_tokens=500))
+    with pytest.raises(LLMBudgetExhausted):
+        p.propose(request())
+    assert server.requests == []
+
+
+def test_the_first_served_prompt_teaches_the_density(server: LLMServer, tmp_path: Path) -> None:
+    p = make("openai", server.openai_url, tmp_path, max_tokens=200)
+    assert p.ledger.chars_per_token == CONSERVATIVE_BYTES_PER_TOKEN
+    server.openai.push(Reply(fenced(vecadd())))
+    p.propose(request())
+    assert p.ledger.chars_per_token == pytest.approx(3.6, rel=0.02)  # 0.9 x the server's 4 per token
+
+
+def _bytes_encoding():  # noqa: ANN202
+    tiktoken = pytest.importorskip("tiktoken")
+    return tiktoken.Encoding(
+        name="bytes-test",
+        pat_str=r"[\s\S]",
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={},
+    )
+
+
+def test_exact_local_count_wins_over_a_smaller_usage(server: LLMServer, tmp_path: Path) -> None:
+    enc = _bytes_encoding()  # one token per byte: an exact tokenizer we can reason about
+    p = make("openai", server.openai_url, tmp_path, max_tokens=4000)
+    p._counter = TokenCounter(enc)
+    prompt = p.builder.generation(request())
+    exact = TokenCounter(enc).prompt([prompt.system, prompt.user])
+    server.openai.push(Reply(fenced(vecadd()), tokens_in=exact // 2, tokens_out=5))  # under-reported
+    [prop] = p.propose(request())
+    assert prop.tokens_in == exact
+    assert prop.tokens_out == len(fenced(vecadd()).encode())
+
+
+def test_tiktoken_never_downloads_in_cached_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tiktoken")
+    import requests
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tiktoken tried the network")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    tiktoken_encoding.cache_clear()
+    try:
+        assert tiktoken_encoding("gpt-4o-mini", "cached") is None  # not on this machine: estimate instead
+        assert tiktoken_encoding("llama-3-70b", "cached") is None  # not an OpenAI model
+        counter = TokenCounter.for_model("gpt-4o-mini")
+        assert not counter.exact and counter.count("x" * 100) == 50
+    finally:
+        tiktoken_encoding.cache_clear()
+
+
+# -- addresses --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("127.0.0.1:8000/v1", "must start with http:// or https://"),
+        ("htp://127.0.0.1:8000/v1", "must start with http:// or https://"),
+        ("http:/127.0.0.1:8000/v1", "has no host"),
+        ("http://127.0.0.1:80000/v1", "not a valid URL"),
+        ("http://[::1/v1", "not a valid URL"),
+        ("http://127.0.0.1:8000/v1 ", "contain spaces"),
+        ("", "must not be empty"),
+    ],
+)
+def test_bad_base_url_is_a_one_line_config_error(url: str, why: str) -> None:
+    data = {"llms": [{"name": "openai", "model": "m", "options": {"base_url": url}}]}
+    with pytest.raises(ConfigError) as err:
+        load_config(data=data)
+    msg = str(err.value)
+    assert "\n" not in msg and "llms[0].options.base_url" in msg and why in msg, msg
+
+
+def test_good_base_urls_pass() -> None:
+    for url in ("http://127.0.0.1:8000/v1", "https://api.example.org/openai/v1/", "http://[::1]:11434/v1"):
+        assert check_base_url(url) == url
+
+
+def test_base_url_without_v1_warns_at_config_load_and_404_says_why(server: LLMServer, tmp_path: Path) -> None:
+    root = f"http://127.0.0.1:{server.port}"
+    with pytest.warns(UserWarning, match=r"has no /v1.*did you mean http://127\.0\.0\.1:\d+/v1\?"):
+        load_config(data={"llms": [{"name": "openai", "model": "m", "options": {"base_url": root}}]})
+    with pytest.warns(UserWarning):
+        p = make("openai", root, tmp_path)
+    with pytest.raises(LLMError) as err:
+        p.propose(request())
+    msg = str(err.value)
+    assert "HTTP 404" in msg and f"did you mean {root}/v1?" in msg and "\n" not in msg
+
+
+def test_anthropic_base_url_with_v1_warns_and_404_says_why(server: LLMServer, tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="appends /v1/messages itself"):
+        p = make("anthropic", server.anthropic_url + "/v1", tmp_path)
+    with pytest.raises(LLMError, match=r"HTTP 404.*did you mean http://127\.0\.0\.1:\d+\?"):
+        p.propose(request())
+
+
+# -- context-length refusals -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_context_refusal_shrinks_the_completion_limit_and_remembers_the_window(
+    api: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = make(api, "http://127.0.0.1:9/v1" if api == "openai" else "http://127.0.0.1:9", tmp_path)
+    prompt = probe.builder.generation(request())
+    window = len(prompt.system + prompt.user) // 4 + 1500
+    with LLMServer(key=KEY, context=window) as srv:
+        route(srv, api).responder = lambda body: Reply(fenced(vecadd()))
+        p = make(api, url_of(srv, api), tmp_path, max_tokens=8192)
+        caplog.set_level(logging.WARNING, logger="kfoundry.core.llm.provider")
+        props = p.propose(request(n=3))
+        assert len(props) == 3 and all(x.candidate is not None for x in props)
+        sent = [r["body"]["max_tokens"] for r in srv.calls(api)]
+        assert sent[0] == 8192 and len(sent) == 4  # one refusal, then everything fits the window
+        assert all(s <= window for s in sent[1:])
+        assert p.context_window == window
+        assert any(
+            "maximum context length" in r.getMessage() or "context limit" in r.getMessage()
+            for r in caplog.records
+        )
+
+
+def test_a_prompt_too_long_for_the_context_drops_inspirations_then_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with LLMServer(key=KEY, context=600) as srv:
+        srv.openai.responder = lambda body: Reply(fenced(vecadd()))
+        p = make("openai", srv.openai_url, tmp_path, max_tokens=4000)
+        caplog.set_level(logging.WARNING, logger="kfoundry.core.llm.provider")
+        assert p.propose(request(inspirations=2)) == []
+        prompts = [r["body"]["messages"][1]["content"] for r in srv.calls("openai")]
+        assert len(prompts) == 2 and len(prompts[1]) < len(prompts[0])  # asked again without inspirations
+    kinds = [c.error_kind for c in load_recording(tmp_path / "calls.jsonl")]
+    assert kinds == ["context", "context"]
+    assert p.ledger.failures == {"context": 2}
+    assert sum("too long for the model's context" in r.getMessage() for r in caplog.records) == 2
+
+
+@pytest.mark.parametrize(
+    ("message", "limit", "prompt"),
+    [
+        (
+            "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens "
+            "(1000 in the messages, 8000 in the completion).",
+            8192,
+            1000,
+        ),
+        (
+            "'max_tokens' is too large: 8000. This model's maximum context length is 4096 tokens and your "
+            "request has 900 input tokens (8000 > 4096 - 900).",
+            4096,
+            900,
+        ),
+        (
+            "input length and `max_tokens` exceed context limit: 7000 + 8192 > 8192, decrease input length",
+            8192,
+            7000,
+        ),
+        ("prompt is too long: 210000 tokens > 200000 maximum", 200000, 210000),
+        (
+            'the request exceeds the available context size {"n_prompt_tokens": 5000, "n_ctx": 4096}',
+            4096,
+            5000,
+        ),
+    ],
+)
+def test_context_refusals_of_common_servers_are_read(message: str, limit: int, prompt: int) -> None:
+    found = context_refusal(message)
+    assert found is not None and (found.limit, found.prompt_tokens) == (limit, prompt)
+
+
+def test_other_refusals_are_not_context_refusals() -> None:
+    assert context_refusal("invalid value for temperature") is None
+
+
+# -- per-model options ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_top_p_extra_body_and_headers_reach_the_server(
+    api: str, server: LLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KF_GATEWAY_TOKEN", "gw-secret-7b1c")
+    route(server, api).push(Reply(fenced(vecadd())), Status(400, "rejected gw-secret-7b1c"))
+    p = make(
+        api,
+        url_of(server, api),
+        tmp_path,
+        top_p=0.9,
+        extra_body={"top_k": 20, "repetition_penalty": 1.05},
+        headers={"X-Title": "kfoundry"},
+        header_env={"X-Gateway-Token": "KF_GATEWAY_TOKEN"},
+    )
+    p.propose(request(n=2))
+    req = server.calls(api)[0]
+    assert (
+        req["body"]["top_p"] == 0.9
+        and req["body"]["top_k"] == 20
+        and req["body"]["repetition_penalty"] == 1.05
+    )
+    assert req["headers"]["x-title"] == "kfoundry" and req["headers"]["x-gateway-token"] == "gw-secret-7b1c"
+    errors = [c.error for c in load_recording(tmp_path / "calls.jsonl") if c.error]
+    assert errors and all("gw-secret-7b1c" not in e for e in errors)
+
+
+def test_options_are_checked_at_config_load() -> None:
+    for options, where in [
+        ({"top_p": 1.5}, "top_p"),
+        ({"headers": {"Bad Header": "x"}}, "headers"),
+        ({"headers": {"X-A": "line\nbreak"}}, "headers"),
+        ({"extra_body": "nope"}, "extra_body"),
+        ({"tokenizer": "magic"}, "tokenizer"),
+    ]:
+        with pytest.raises(ConfigError, match=where):
+            load_config(data={"llms": [{"name": "openai", "model": "m", "options": options}]})
+
+
+def test_missing_header_variable_is_a_config_error(server: LLMServer, tmp_path: Path) -> None:
+    p = make("openai", server.openai_url, tmp_path, header_env={"X-Token": "KF_NOT_SET_ANYWHERE"})
+    with pytest.raises(ConfigError, match="KF_NOT_SET_ANYWHERE"):
+        p.propose(request())
+
+
+# -- error patterns ----------------------------------------------------------------------------------
+
+
+def test_pocl_errors_with_random_temp_names_make_one_pattern() -> None:
+    from kfoundry.core.llm.meta import ErrorPatterns
+
+    patterns = ErrorPatterns(threshold=3)
+    for name, pos in (("tempfile_TPRlVx", "5:46"), ("tempfile_Ab12Cd", "13:25"), ("tempfile_zzQ9k1", "7:3")):
+        log = (
+            "clBuildProgram failed: BUILD_PROGRAM_FAILURE\n\nBuild on <pyopencl.Device 'pthread' at "
+            f"0x55742f065f80>:\n\nerror: /root/.cache/pocl/kcache/{name}.cl:{pos}: use of undeclared "
+            "identifier 'undeclared_x'\n1 error generated."
+        )
+        patterns.add(
+            EvalRecord(
+                candidate_hash="h",
+                eval_key="k",
+                problem="p",
+                backend="opencl",
+                device="d",
+                outcome=Outcome.compile_error,
+                message="build failed",
+                log=log,
+            )
+        )
+    [pitfall] = patterns.pitfalls()
+    assert "Seen 3 times" in pitfall and "use of undeclared identifier 'undeclared_x'" in pitfall
+    assert "tempfile" not in pitfall and "/root" not in pitfall
