@@ -19,6 +19,7 @@ from kfoundry.core.models import Candidate, ParamValue, Proposal, stable_hash
 from kfoundry.plugins.llms.offline import (
     cookbook_conv_rotary,
     cookbook_elementwise,
+    cookbook_graph,
     cookbook_matmul,
     cookbook_rows,
 )
@@ -36,6 +37,7 @@ _COOKBOOKS = {
     "reduce": cookbook_rows,
     "depthwise_conv2d": cookbook_conv_rotary,
     "rotary": cookbook_conv_rotary,
+    "graph": cookbook_graph,
 }
 
 

@@ -55,6 +55,8 @@ class Recipe:
     lazy: bool = False
     #: False where the kernel uses OpenCL vector selects (``?:`` on vectors) that :func:`to_sycl` cannot map.
     sycl_ok: bool = True
+    #: Module-level Python placed before ``ModelNew`` (helpers, the parameter holder of a lowered graph).
+    preamble: str = ""
 
     def render(self) -> str:
         """The ``ModelNew`` module source: every size is read from the inputs in ``forward``."""
@@ -90,6 +92,7 @@ def _prod(dims):
 def _aligned(*tensors):
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
+{self.preamble}
 
 class ModelNew(nn.Module):
     def __init__(self, *init_inputs):

@@ -60,6 +60,9 @@ class OpSpec:
     param_module: str = ""
     #: Family-specific sizes (depthwise conv: N, C, H, W, KS, stride, pad, OH, OW; rotary: axes).
     dims: dict[str, int] = field(default_factory=dict)
+    #: ``graph``: the traced reference (on the meta device) and its source, for :mod:`.lower`.
+    graph: Any = None
+    source: str = ""
 
     @property
     def numel(self) -> int:
@@ -116,17 +119,29 @@ def _ctor_values(mod: nn.Module) -> dict[str, Any]:
     return {}
 
 
+#: Largest total input size (elements) for which recognition runs the reference numerically.
+CONFIRM_LIMIT = 1 << 22
+
+
 class _Trace:
+    """The reference traced on the meta device (no full-size allocation in the calling process)."""
+
     def __init__(self, problem: ProblemSummary) -> None:
         ref = load_reference(problem)
         for name in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(ref, name):
                 raise GeneratorUnsupported(f"offline generator: the reference has no {name}")
-        torch.manual_seed(0)
         self.ref = ref
+        self.source = problem.reference_source
+        torch.manual_seed(0)
         self.init_inputs = list(ref.get_init_inputs())
-        self.model: nn.Module = ref.Model(*self.init_inputs)
-        self.inputs = [x for x in ref.get_inputs()]
+        try:
+            with torch.device("meta"):
+                self.model: nn.Module = ref.Model(*self.init_inputs)
+                self.inputs = [x for x in ref.get_inputs()]
+        except Exception as exc:
+            raise GeneratorUnsupported(f"offline generator: cannot build the reference on the meta device: {exc}") \
+                from None
         try:
             self.gm = fx.symbolic_trace(self.model)
             ShapeProp(self.gm).propagate(*self.inputs)
@@ -138,11 +153,23 @@ class _Trace:
         if not isinstance(outs, fx.Node):
             raise GeneratorUnsupported("offline generator: the reference must return one tensor")
         self.out = outs
-        if any(not isinstance(x, torch.Tensor) or x.dtype != torch.float32 for x in self.inputs):
-            raise GeneratorUnsupported("offline generator: the cookbook handles float32 tensor inputs only")
+        if any(not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.int64) for x in self.inputs):
+            raise GeneratorUnsupported("offline generator: the cookbook handles float32 (and int64 index) inputs only")
+        self.float_only = all(x.dtype == torch.float32 for x in self.inputs)
         self.modules = [
             m for m in self.model.modules() if m is not self.model and list(m.parameters(recurse=False))
         ]
+        self._real: tuple[nn.Module, list[torch.Tensor]] | None = None
+
+    def real(self) -> tuple[nn.Module, list[torch.Tensor]] | None:
+        """The reference and inputs in memory, when they are small (None otherwise)."""
+        if sum(x.numel() for x in self.inputs) > CONFIRM_LIMIT:
+            return None
+        if self._real is None:
+            torch.manual_seed(0)
+            model = self.ref.Model(*self.init_inputs)
+            self._real = (model, list(self.ref.get_inputs()))
+        return self._real
 
     def ctors(self) -> list[str]:
         """Constructor lines of the parameter modules, their sizes read from ``init_inputs`` where they come
@@ -159,7 +186,8 @@ class _Trace:
                 continue
             changed = [*self.init_inputs[:i], v + 1, *self.init_inputs[i + 1 :]]
             try:
-                other = dict(self.ref.Model(*changed).named_modules())
+                with torch.device("meta"):
+                    other = dict(self.ref.Model(*changed).named_modules())
             except Exception:
                 continue
             for n, m in named:
@@ -183,16 +211,32 @@ def recognize(problem: ProblemSummary) -> OpSpec:
     t = _Trace(problem)
     anchors = [n for n in t.nodes if node_expr(n, t.gm, lambda a: "x", "opencl") is None]
     anchors = [n for n in anchors if not (n.op == "call_function" and n.target is operator.getitem)]
-    for recognizer in (_elementwise, _matmul, _rows, _rms_norm, _depthwise, _rotary):
-        spec = recognizer(t, anchors)
-        if spec is not None:
-            _confirm(t, spec)
-            return spec
-    ops = ", ".join(sorted({str(getattr(n.target, "__name__", n.target)) for n in anchors})) or "none"
-    raise GeneratorUnsupported(
-        f"offline generator: problem {problem.name!r} is not a known operation family "
-        f"(anchor ops: {ops}); use an LLM generator for it"
-    )
+    refusal: GeneratorUnsupported | None = None
+    for recognizer in (_elementwise, _matmul, _rows, _rms_norm, _depthwise, _rotary) if t.float_only else ():
+        try:
+            spec = recognizer(t, anchors)
+            if spec is not None:
+                _confirm(t, spec)
+                return spec
+        except GeneratorUnsupported as exc:
+            refusal = refusal or exc
+    try:
+        return _graph(t)
+    except GeneratorUnsupported as exc:
+        ops = ", ".join(sorted({str(getattr(n.target, "__name__", n.target)) for n in anchors})) or "none"
+        raise GeneratorUnsupported(
+            f"offline generator: problem {problem.name!r} is not a known operation family "
+            f"(anchor ops: {ops}; {str(exc).removeprefix('offline generator: ')}); use an LLM generator for it"
+        ) from None
+
+
+def _graph(t: _Trace) -> OpSpec:
+    """The whole graph, lowered op by op (:mod:`.lower`): refused here if any op has no recipe."""
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+    Lowering(t.gm, "opencl", True).run(len(t.inputs))
+    return OpSpec(family="graph", input_shapes=[list(x.shape) for x in t.inputs], output_shape=t.shape(t.out),
+                  graph=t.gm, source=t.source)
 
 
 def _expr_over(t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: str) -> str:
@@ -434,9 +478,12 @@ def _rotary(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
                 "outer": math.prod(x.shape[:axis]), "axis": axis}
         spec = OpSpec(family="rotary", input_shapes=[list(i.shape) for i in t.inputs], output_shape=list(x.shape),
                       dims=dims)
-        expected = spec_reference(spec, t.model, t.inputs)
+        real = t.real()
+        if real is None:
+            return spec
+        expected = spec_reference(spec, real[0], real[1])
         with torch.no_grad():
-            got = t.model(*t.inputs)
+            got = real[0](*real[1])
         if expected is not None and got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5):
             return spec
     return None
@@ -460,11 +507,14 @@ def spec_reference(spec: OpSpec, model: nn.Module, inputs: list[torch.Tensor]) -
 
 
 def _confirm(t: _Trace, spec: OpSpec) -> None:
-    expected = spec_reference(spec, t.model, t.inputs)
+    real = t.real() if spec.family in ("rotary", "rms_norm") else None
+    if real is None:
+        return
+    expected = spec_reference(spec, real[0], real[1])
     if expected is None:
         return
     with torch.no_grad():
-        got = t.model(*t.inputs)
+        got = real[0](*real[1])
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
         raise GeneratorUnsupported(
             f"offline generator: the reference looks like {spec.family} but does not compute it"

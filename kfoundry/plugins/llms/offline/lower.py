@@ -1,0 +1,595 @@
+"""Lower a traced KernelBench reference into a schedule of kernels built from op recipes.
+
+Every fx node becomes a :class:`Val`: a loader (C expression of the value at given coordinates) over
+symbolic sizes. Views (reshape, permute, slicing, flip, cat...) and, in the fused schedule, every
+elementwise op stay loaders, so they are evaluated inside the kernel that reads them (prologue
+fusion); an elementwise chain that only consumes one anchor's output is applied where that anchor
+stores (epilogue fusion). Anchors (matmul, convolution, pooling, reductions, scans, norms, losses,
+attention; :mod:`.lower_ops`) are kernels writing a buffer. Sizes reach the kernels as arguments,
+computed in ``forward`` from the inputs' shapes, so one build serves every shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kfoundry.core.generator import GeneratorUnsupported
+from kfoundry.plugins.llms.offline.elementwise_ops import lit, node_expr, prelude
+
+Loader = Callable[[list[str]], str]
+
+KERNEL_HEADER = {
+    "opencl": """#define KF_KERNEL __kernel void
+#define KF_G __global
+#define KF_R restrict
+typedef long kf_long;
+#define KF_GID ((kf_long)get_global_id(0))
+#define KF_GSTRIDE ((kf_long)get_global_size(0))
+""",
+    "cuda": """#define KF_KERNEL extern "C" __global__ void
+#define KF_G
+#define KF_R __restrict__
+typedef long long kf_long;
+#define KF_GID ((kf_long)blockIdx.x * blockDim.x + threadIdx.x)
+#define KF_GSTRIDE ((kf_long)gridDim.x * blockDim.x)
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+""",
+}
+
+#: Python helpers of the rendered module (shape rules evaluated in ``forward``).
+PY_HELPERS = '''
+def _grid(n, b):
+    return (max(1, min(_cdiv(int(n), b), 8192)), 1, 1)
+
+
+def _nt(v, nd):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
+
+
+def _bshape(*shapes):
+    nd = max(len(s) for s in shapes)
+    out = []
+    for k in range(nd):
+        sizes = [s[len(s) - nd + k] for s in shapes if len(s) - nd + k >= 0]
+        out.append(max(sizes) if all(v == 1 or v == max(sizes) for v in sizes) else -1)
+    return tuple(out)
+
+
+def _rshape(s, dims, keep):
+    return tuple((1 if k in dims else v) for k, v in enumerate(s) if keep or k not in dims)
+
+
+def _reshape(s, args):
+    args = list(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else list(args)
+    if -1 in args:
+        known = _prod(a for a in args if a != -1)
+        args[args.index(-1)] = _prod(s) // max(known, 1)
+    return tuple(args)
+
+
+def _norm_index(s, idx):
+    """(output shape, per output dim: (input dim or None), per input dim: (start, step) or fixed index)."""
+    idx = list(idx) if isinstance(idx, tuple) else [idx]
+    if Ellipsis in idx:
+        k = idx.index(Ellipsis)
+        fill = len(s) - sum(1 for i in idx if i is not None and i is not Ellipsis)
+        idx = idx[:k] + [slice(None)] * fill + idx[k + 1:]
+    idx += [slice(None)] * (len(s) - sum(1 for i in idx if i is not None))
+    out, start, step, d = [], [], [], 0
+    for i in idx:
+        if i is None:
+            out.append(1)
+            continue
+        if isinstance(i, slice):
+            a, b, c = i.indices(s[d])
+            out.append(max(0, (b - a + (c - 1)) // c))
+            start.append(a)
+            step.append(c)
+        else:
+            start.append(i % s[d])
+            step.append(0)
+        d += 1
+    return tuple(out), tuple(start), tuple(step)
+
+
+def _mmshape(a, b):
+    a1, b1 = len(a) == 1, len(b) == 1
+    a2 = (1,) + tuple(a) if a1 else tuple(a)
+    b2 = tuple(b) + (1,) if b1 else tuple(b)
+    out = _bshape(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if a1:
+        out = out[:-2] + out[-1:]
+    if b1:
+        out = out[:-1]
+    return out
+
+
+def _convshape(s, w, stride, pad, dil):
+    nd = len(s) - 2
+    st, pd, dl = _nt(stride, nd), _nt(pad, nd), _nt(dil, nd)
+    sp = tuple((s[2 + k] + 2 * pd[k] - dl[k] * (w[2 + k] - 1) - 1) // st[k] + 1 for k in range(nd))
+    return (s[0], w[0]) + sp
+
+
+def _convtshape(s, w, groups, stride, pad, dil, opad):
+    nd = len(s) - 2
+    st, pd, dl, op = _nt(stride, nd), _nt(pad, nd), _nt(dil, nd), _nt(opad, nd)
+    sp = tuple((s[2 + k] - 1) * st[k] - 2 * pd[k] + dl[k] * (w[2 + k] - 1) + op[k] + 1 for k in range(nd))
+    return (s[0], w[1] * groups) + sp
+
+
+def _poolsize(n, k, s, p, d, ceil):
+    num = n + 2 * p - d * (k - 1) - 1
+    out = (-(-num // s) if ceil else num // s) + 1
+    if ceil and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def _poolshape(s, nd, k, st, p, d, ceil):
+    k, st, p, d = _nt(k, nd), _nt(st if st else k, nd), _nt(p, nd), _nt(d, nd)
+    lead = tuple(s[: len(s) - nd])
+    return lead + tuple(_poolsize(s[len(s) - nd + i], k[i], st[i], p[i], d[i], ceil) for i in range(nd))
+'''
+
+
+@dataclass
+class Val:
+    """A tensor value of the traced graph: its traced shape, symbolic dims (C names) and loader."""
+
+    shape: tuple[int, ...]
+    dims: list[str]
+    load: Loader
+    py_shape: str
+    ctype: str = "float"
+    #: Python name of the buffer holding this value contiguously (views of it keep it when order is kept).
+    buffer: str | None = None
+    #: Elementwise (no anchor between it and its operands): may be applied in an anchor's epilogue.
+    elementwise_node: fx.Node | None = None
+
+
+@dataclass
+class PyVal:
+    """A Python value of the trace (a size, a shape, a constant)."""
+
+    value: Any
+    expr: str
+
+
+@dataclass
+class Kernel:
+    name: str
+    source: str
+    launch: str
+
+
+@dataclass
+class Schedule:
+    kernels: list[Kernel] = field(default_factory=list)
+    forward: list[str] = field(default_factory=list)
+    output: str = ""
+    n_inputs: int = 0
+
+
+def horner(coords: list[str], dims: list[str]) -> str:
+    """Row-major flat index of ``coords`` over ``dims``."""
+    if not coords:
+        return "0"
+    out = f"({coords[0]})"
+    for c, d in zip(coords[1:], dims[1:], strict=True):
+        out = f"({out} * {d} + ({c}))"
+    return out
+
+
+def unflat(flat: str, dims: list[str]) -> list[str]:
+    """Coordinates of the row-major ``flat`` index over ``dims``."""
+    out = []
+    for k in range(len(dims)):
+        tail = " * ".join(dims[k + 1 :])
+        q = f"(({flat}) / ((kf_long){tail}))" if tail else f"({flat})"
+        out.append(f"({q} % {dims[k]})" if k > 0 else q)
+    return out
+
+
+class Lowering:
+    """Lower one traced graph to a :class:`Schedule` in ``lang`` (``fuse``: inline elementwise ops)."""
+
+    def __init__(self, gm: fx.GraphModule, lang: str, fuse: bool) -> None:
+        self.gm = gm
+        self.lang = lang
+        self.fuse = fuse
+        self.vals: dict[fx.Node, Val | PyVal] = {}
+        self.syms: dict[str, str] = {}  # python expr -> C name
+        self.ptrs: dict[str, tuple[str, str]] = {}  # C name -> (python expr, ctype)
+        self.sched = Schedule()
+        self.users: dict[fx.Node, list[fx.Node]] = {n: list(n.users) for n in gm.graph.nodes}
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.fused_into: dict[fx.Node, fx.Node] = {}
+        #: anchors whose kernel applied their epilogue chain
+        self.applied: set[fx.Node] = set()
+        self.nk = 0
+        self.nloop = 0
+
+    # -- symbols --------------------------------------------------------------------------------
+
+    def sym(self, py: str) -> str:
+        """C name of the int kernel argument whose value ``forward`` computes as ``py``."""
+        py = py.strip()
+        if re.fullmatch(r"-?\d+", py):
+            return py if not py.startswith("-") else f"({py})"
+        if py not in self.syms:
+            self.syms[py] = f"z{len(self.syms)}"
+        return self.syms[py]
+
+    def ptr(self, py: str, ctype: str = "float") -> str:
+        for name, (expr, _) in self.ptrs.items():
+            if expr == py:
+                return name
+        name = f"buf{len(self.ptrs)}"
+        self.ptrs[name] = (py, ctype)
+        return name
+
+    def fresh(self, base: str = "i") -> str:
+        self.nloop += 1
+        return f"{base}{self.nloop}"
+
+    def shape_dims(self, py_shape: str, shape: tuple[int, ...]) -> list[str]:
+        return [self.sym(f"{py_shape}[{k}]") for k in range(len(shape))]
+
+    def buffer_val(self, py: str, shape: tuple[int, ...], py_shape: str, ctype: str = "float") -> Val:
+        dims = self.shape_dims(py_shape, shape)
+        p = self.ptr(py, ctype)
+        return Val(shape, dims, lambda c: f"{p}[{horner(c, dims)}]", py_shape, ctype, buffer=py)
+
+    def fwd(self, line: str) -> None:
+        self.sched.forward.append(line)
+
+    # -- kernels --------------------------------------------------------------------------------
+
+    def kernel(self, body: str, out_ctype: str, work_py: str, tag: str) -> str:
+        """Add a kernel over ``work_py`` work items; returns the Python name of its output buffer ``y``."""
+        name = f"k{self.nk}_{tag}"
+        self.nk += 1
+        used_ptrs = [p for p in self.ptrs if re.search(rf"\b{p}\b", body)]
+        used_syms = sorted(
+            {s for s in self.syms.values() if re.search(rf"\b{s}\b", body)}, key=lambda s: int(s[1:])
+        )
+        by_name = {v: k for k, v in self.syms.items()}
+        args = [f"KF_G const {self.ptrs[p][1]}* KF_R {p}" for p in used_ptrs]
+        args.append(f"KF_G {out_ctype}* KF_R y")
+        args += [f"int {s}" for s in used_syms]
+        src = f"KF_KERNEL {name}({', '.join(args)}) {{\n{body}\n}}\n"
+        out = f"b{name.split('_')[0][1:]}"
+        py_args = [self.ptrs[p][0] for p in used_ptrs] + [out] + [f"int({by_name[s]})" for s in used_syms]
+        launch = f"self.prog.{name}({', '.join(py_args)}, grid=_grid({work_py}, p['BLOCK']), block=(p['BLOCK'], 1, 1))"
+        self.sched.kernels.append(Kernel(name, src, launch))
+        return out
+
+    def emit_pointwise(
+        self,
+        out: tuple[int, ...],
+        py_shape: str,
+        body: Callable[[list[str]], str],
+        tag: str,
+        ctype: str = "float",
+        node: fx.Node | None = None,
+    ) -> Val:
+        """A kernel with one work item per output element; ``body(coords)`` sets ``acc``."""
+        dims = self.shape_dims(py_shape, out)
+        coords = [f"c{k}" for k in range(len(out))]
+        total = " * ".join(f"(kf_long){d}" for d in dims) or "1"
+        decomp = (
+            "".join(f"        const kf_long c{k} = {e};\n" for k, e in enumerate(unflat("g", dims)))
+            if dims
+            else ""
+        )
+        store, final_ctype, _ = self.epilogue(node, out, coords, ctype)
+        text = (
+            f"    const kf_long total = {total};\n"
+            f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{decomp}"
+            f"        {body(coords)}\n        y[g] = {store};\n    }}"
+        )
+        return self.finish(text, final_ctype, py_shape, out, tag, f"_prod({py_shape})")
+
+    def emit_rows(
+        self,
+        out: tuple[int, ...],
+        py_shape: str,
+        dim_set: list[int],
+        body: Callable[[list[str], Callable[[list[str], str], str]], str],
+        tag: str,
+        node: fx.Node | None = None,
+    ) -> Val:
+        """One work item per row (the output coordinates outside ``dim_set``); ``body(coords, store)``
+        loops over the row (its coordinates in ``dim_set`` are left for it to set) and calls
+        ``store(coords, value)`` for each element written."""
+        dims = self.shape_dims(py_shape, out)
+        keep = [k for k in range(len(out)) if k not in dim_set]
+        kd = [dims[k] for k in keep]
+        total = " * ".join(f"(kf_long){d}" for d in kd) or "1"
+        coords = [f"c{k}" for k in range(len(out))]
+        decomp = "".join(
+            f"        const kf_long c{k} = {e};\n" for k, e in zip(keep, unflat("g", kd), strict=True)
+        )
+        _, final_ctype, _ = self.epilogue(node, out, coords, "float")
+
+        def store(cs: list[str], value: str) -> str:
+            epi, _, _ = self.epilogue(node, out, cs, "float")
+            return f"{{ float acc = {value}; y[{horner(cs, dims)}] = {epi}; }}"
+
+        text = (
+            f"    const kf_long rows = {total};\n"
+            f"    for (kf_long g = KF_GID; g < rows; g += KF_GSTRIDE) {{\n{decomp}"
+            f"        {body(coords, store)}\n    }}"
+        )
+        work = "*".join(f"{py_shape}[{k}]" for k in keep) or "1"
+        return self.finish(text, final_ctype, py_shape, out, tag, work)
+
+    def finish(self, text: str, ctype: str, py_shape: str, out: tuple[int, ...], tag: str, work: str) -> Val:
+        ydt = "torch.int64" if ctype == "long" else "torch.float32"
+        idx = self.nk
+        self.fwd(f"b{idx} = torch.empty({py_shape}, dtype={ydt}, device=dev)")
+        name = self.kernel(text, ctype, work, tag)
+        self.fwd(self.sched.kernels[-1].launch)
+        return self.buffer_val(name, out, py_shape, ctype)
+
+    # -- epilogue fusion --------------------------------------------------------------------------
+
+    def epilogue_chain(self, node: fx.Node | None) -> list[fx.Node]:
+        """The single-user elementwise nodes after anchor ``node`` that its kernel can apply on store."""
+        chain: list[fx.Node] = []
+        if node is None or not self.fuse:
+            return chain
+        cur = node
+        shape = _shape(node)
+        while len(self.users[cur]) == 1:
+            nxt = self.users[cur][0]
+            if nxt.op == "output" or not self.is_elementwise(nxt) or _shape(nxt) != shape:
+                break
+            others = [a for a in _node_args(nxt) if a is not cur]
+            if any(self.order[a] > self.order[node] and a.op != "get_attr" for a in others):
+                break
+            chain.append(nxt)
+            cur = nxt
+        return chain
+
+    def epilogue(
+        self, node: fx.Node | None, out: tuple[int, ...], coords: list[str], ctype: str, value: str = "acc"
+    ) -> tuple[str, str, fx.Node | None]:
+        chain = self.epilogue_chain(node)
+        if not chain or ctype != "float":
+            return value, ctype, None
+        assert node is not None
+        self.applied.add(node)
+        local: dict[fx.Node, str] = {node: "acc"}
+        for n in chain:
+            local[n] = self.elementwise_expr(n, coords, out, local)
+        return local[chain[-1]], "float", chain[-1]
+
+    # -- elementwise ----------------------------------------------------------------------------
+
+    def is_elementwise(self, node: fx.Node) -> bool:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            return False
+        if _is_pyvalue(node):
+            return False
+        try:
+            return node_expr(node, self.gm, lambda a: "x", self.lang) is not None
+        except GeneratorUnsupported:
+            return False
+
+    def operand(self, a: Any, coords: list[str], out: tuple[int, ...], local: dict[fx.Node, str]) -> str:
+        if isinstance(a, fx.Node):
+            if a in local:
+                return local[a]
+            v = self.value(a)
+            if isinstance(v, PyVal):
+                return lit(float(v.value))
+            return self.broadcast_load(v, coords, out)
+        if isinstance(a, bool) or not isinstance(a, int | float):
+            raise GeneratorUnsupported(f"offline generator: operand {a!r} is not a number")
+        return lit(float(a))
+
+    def broadcast_load(self, v: Val, coords: list[str], out: tuple[int, ...]) -> str:
+        nd = len(out)
+        cs = []
+        for k, size in enumerate(v.shape):
+            od = nd - len(v.shape) + k
+            cs.append("0" if size == 1 and out[od] != 1 else coords[od])
+        expr = v.load(cs)
+        return f"(float)({expr})" if v.ctype != "float" else expr
+
+    def elementwise_expr(
+        self, node: fx.Node, coords: list[str], out: tuple[int, ...], local: dict[fx.Node, str] | None = None
+    ) -> str:
+        loc = local or {}
+        e = node_expr(node, self.gm, lambda a: self.operand(a, coords, out, loc), self.lang)
+        assert e is not None
+        return e
+
+    # -- the walk ---------------------------------------------------------------------------------
+
+    def run(self, n_inputs: int) -> Schedule:
+        from kfoundry.plugins.llms.offline import lower_ops
+
+        self.sched.n_inputs = n_inputs
+        self.fwd("dev = x0.device")
+        for node in self.gm.graph.nodes:
+            if node in self.fused_into or node in self.vals:
+                continue
+            if node.op == "output":
+                self.output(node.args[0])
+                break
+            n = self.order[node]
+            if node.op == "placeholder":
+                i = len(
+                    [
+                        v
+                        for v in self.vals.values()
+                        if isinstance(v, Val) and v.buffer and v.buffer.startswith("x")
+                    ]
+                )
+                self.fwd(f"S{n} = tuple(x{i}.shape)")
+                meta = node.meta.get("tensor_meta")
+                ctype = "long" if meta is not None and meta.dtype == torch.int64 else "float"
+                self.vals[node] = self.buffer_val(f"x{i}", _shape(node), f"S{n}", ctype)
+                continue
+            if node.op == "get_attr":
+                self.value(node)
+                continue
+            pair = (
+                node.op in ("call_function", "call_method")
+                and getattr(node.target, "__name__", node.target) in ("max", "min")
+                and len(node.args) + len(node.kwargs) > 1
+            )  # (values, indices)
+            if _is_pyvalue(node) and not pair:
+                self.vals[node] = lower_ops.py_value(self, node)
+                continue
+            if self.is_elementwise(node):
+                self.lower_elementwise(node)
+                continue
+            val = lower_ops.lower_node(self, node)
+            self.vals[node] = val
+            if isinstance(val, Val) and val.py_shape != f"S{n}":
+                self.fwd(f"S{n} = {val.py_shape}")
+            chain = self.epilogue_chain(node) if node in self.applied else []
+            for m in chain:
+                self.fused_into[m] = node
+            if chain:
+                last = chain[-1]
+                self.fwd(f"S{self.order[last]} = S{n}")
+                self.vals[last] = self.buffer_val(val.buffer, _shape(last), f"S{self.order[last]}", val.ctype)
+        return self.sched
+
+    def value(self, node: fx.Node) -> Val | PyVal:
+        """The value of ``node`` (a parameter is read where first used)."""
+        if node not in self.vals and node.op == "get_attr":
+            n = self.order[node]
+            attr = _attr(self.gm, str(node.target))
+            if not isinstance(attr, torch.Tensor):
+                self.vals[node] = PyVal(attr, repr(attr))
+            else:
+                self.fwd(f"S{n} = tuple(self.ref.{node.target}.shape)")
+                self.vals[node] = self.buffer_val(f"self.ref.{node.target}", _shape(node), f"S{n}")
+        return self.vals[node]
+
+    def tensor(self, a: Any) -> Val:
+        if not isinstance(a, fx.Node):
+            raise GeneratorUnsupported(f"offline generator: expected a tensor operand, got {a!r}")
+        v = self.value(a)
+        if not isinstance(v, Val):
+            raise GeneratorUnsupported(f"offline generator: {a.name} is not a tensor")
+        return v
+
+    def lower_elementwise(self, node: fx.Node) -> None:
+        n = self.order[node]
+        out = _shape(node)
+        shapes = [f"S{self.order[a]}" for a in _node_args(node) if isinstance(self.value(a), Val)]
+        self.fwd(f"S{n} = _bshape({', '.join(shapes)})" if len(shapes) > 1 else f"S{n} = {shapes[0]}")
+        dims = self.shape_dims(f"S{n}", out)
+        if self.fuse:
+            self.vals[node] = Val(
+                out, dims, lambda c: self.elementwise_expr(node, c, out), f"S{n}", elementwise_node=node
+            )
+            return
+        self.vals[node] = self.emit_pointwise(
+            out, f"S{n}", lambda c: f"float acc = {self.elementwise_expr(node, c, out)};", "ew"
+        )
+
+    def output(self, arg: Any) -> None:
+        if not isinstance(arg, fx.Node):
+            raise GeneratorUnsupported("offline generator: the reference must return one tensor")
+        v = self.vals[arg]
+        if isinstance(v, PyVal):
+            raise GeneratorUnsupported("offline generator: the reference returns no tensor")
+        n = self.order[arg]
+        if v.buffer is not None and v.buffer.startswith("b"):
+            self.sched.output = f"{v.buffer}.reshape(S{n})"
+            return
+        val = self.emit_pointwise(
+            v.shape, v.py_shape, lambda c: f"{v.ctype} acc = {v.load(c)};", "out", v.ctype
+        )
+        self.sched.output = str(val.buffer)
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    meta = node.meta.get("tensor_meta")
+    if meta is None or not hasattr(meta, "shape"):
+        raise GeneratorUnsupported(f"offline generator: {node.name} has no tensor shape")
+    return tuple(int(s) for s in meta.shape)
+
+
+def _node_args(node: fx.Node) -> list[fx.Node]:
+    return [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+
+
+def _attr(gm: fx.GraphModule, path: str) -> Any:
+    obj: Any = gm
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_pyvalue(node: fx.Node) -> bool:
+    return "tensor_meta" not in node.meta or not hasattr(node.meta["tensor_meta"], "shape")
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def init_source(reference_source: str) -> str:
+    """The reference module without its ``forward`` methods or input functions: the parameter holder
+    ``_RefInit`` (its constructor draws the same parameters, in the same order, as the reference's)."""
+    tree = ast.parse(reference_source)
+    body: list[ast.stmt] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.FunctionDef) and stmt.name in ("get_inputs", "get_init_inputs"):
+            continue
+        if isinstance(stmt, ast.ClassDef) and stmt.name == "Model":
+            stmt.name = "_RefInit"
+            stmt.body = [s for s in stmt.body if not (isinstance(s, ast.FunctionDef) and s.name == "forward")]
+            stmt.body = stmt.body or [ast.Pass()]
+        if not isinstance(
+            stmt, ast.Import | ast.ImportFrom | ast.Assign | ast.AnnAssign | ast.FunctionDef | ast.ClassDef
+        ):
+            continue
+        body.append(stmt)
+    return ast.unparse(ast.Module(body=body, type_ignores=[]))
+
+
+def kernel_source(sched: Schedule, lang: str) -> str:
+    text = "".join(k.source for k in sched.kernels)
+    return KERNEL_HEADER[lang] + prelude(text, lang) + text
+
+
+def forward_body(sched: Schedule) -> str:
+    return "\n".join([*sched.forward, f"return {sched.output}"])
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+__all__ = [
+    "Lowering",
+    "PY_HELPERS",
+    "Schedule",
+    "Val",
+    "init_source",
+    "kernel_source",
+    "forward_body",
+    "horner",
+    "unflat",
+    "operator",
+]

@@ -1,0 +1,1391 @@
+"""Op recipes of the lowering: views (loaders) and anchors (kernels) for one fx node each.
+
+Long reductions accumulate in chunks (a partial sum per chunk of ``CHUNK`` terms, added to the
+total: error grows with ``n / CHUNK + CHUNK`` instead of ``n``); scans use compensated (Kahan)
+sums; max/min and arg-max/min propagate NaN as torch does.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kfoundry.core.generator import GeneratorUnsupported
+from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
+from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, unflat
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+CHUNK = 64
+
+
+def _unsupported(what: str) -> GeneratorUnsupported:
+    return GeneratorUnsupported(f"offline generator: {what} is not in the cookbook")
+
+
+def _pyexpr(L: Lowering, a: Any) -> str:
+    if isinstance(a, fx.Node):
+        v = L.value(a)
+        if isinstance(v, PyVal):
+            return v.expr
+        raise _unsupported("a tensor used as a Python value")
+    if isinstance(a, list | tuple):
+        inner = ", ".join(_pyexpr(L, x) for x in a)
+        return f"({inner},)" if isinstance(a, tuple) else f"[{inner}]"
+    return repr(a)
+
+
+def _pyval(L: Lowering, a: Any) -> Any:
+    if isinstance(a, fx.Node):
+        v = L.value(a)
+        if isinstance(v, PyVal):
+            return v.value
+        raise _unsupported("a tensor used as a Python value")
+    if isinstance(a, list | tuple):
+        return type(a)(_pyval(L, x) for x in a)
+    return a
+
+
+_PY_OPS: dict[Any, str] = {
+    operator.floordiv: "//",
+    operator.mul: "*",
+    operator.add: "+",
+    operator.sub: "-",
+    operator.truediv: "/",
+    operator.mod: "%",
+    operator.pow: "**",
+}
+
+
+def py_value(L: Lowering, node: fx.Node) -> PyVal:
+    """A Python value node (sizes, shapes and arithmetic on them)."""
+    n = L.order[node]
+    t, args = node.target, node.args
+    if node.op == "call_method" and t == "size":
+        src = f"S{L.order[args[0]]}"  # type: ignore[index]
+        shape = _shape(args[0])  # type: ignore[arg-type]
+        d = node.kwargs.get("dim", args[1] if len(args) > 1 else None)
+        expr, value = (src, shape) if d is None else (f"{src}[{d}]", shape[int(d)])  # type: ignore[call-overload]
+    elif node.op == "call_method" and t == "dim":
+        shape = _shape(args[0])  # type: ignore[arg-type]
+        expr, value = f"len(S{L.order[args[0]]})", len(shape)  # type: ignore[index]
+    elif node.op == "call_function" and t is getattr and args[1] in ("shape", "ndim"):
+        shape = _shape(args[0])  # type: ignore[arg-type]
+        src = f"S{L.order[args[0]]}"  # type: ignore[index]
+        expr, value = (src, shape) if args[1] == "shape" else (f"len({src})", len(shape))
+    elif node.op == "call_function" and t is operator.getitem:
+        expr, value = f"{_pyexpr(L, args[0])}[{_pyexpr(L, args[1])}]", _pyval(L, args[0])[_pyval(L, args[1])]
+    elif node.op == "call_function" and t in _PY_OPS:
+        a, b = _pyval(L, args[0]), _pyval(L, args[1])
+        expr, value = (
+            f"({_pyexpr(L, args[0])} {_PY_OPS[t]} {_pyexpr(L, args[1])})",
+            eval(  # noqa: S307
+                f"a {_PY_OPS[t]} b", {"a": a, "b": b}
+            ),
+        )
+    else:
+        raise _unsupported(f"op {getattr(t, '__name__', t)} (non-tensor result)")
+    L.fwd(f"P{n} = {expr}")
+    return PyVal(value, f"P{n}")
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+
+
+def _target_name(L: Lowering, node: fx.Node) -> tuple[str, Any]:
+    """(a canonical op name, the module for call_module)."""
+    if node.op == "call_module":
+        mod = L.gm.get_submodule(str(node.target))
+        return type(mod).__name__, mod
+    if node.op == "call_method":
+        return f"method.{node.target}", None
+    t = node.target
+    mod = getattr(t, "__module__", "") or ""
+    name = getattr(t, "__name__", str(t))
+    if t is getattr:
+        return f"getattr.{node.args[1]}", None
+    if t is operator.getitem:
+        return "getitem", None
+    if t is operator.matmul:
+        return "matmul", None
+    prefix = "F" if "functional" in mod else "torch"
+    return f"{prefix}.{name}", None
+
+
+def _arg(node: fx.Node, pos: int, name: str, default: Any = None) -> Any:
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[pos] if len(node.args) > pos else default
+
+
+def lower_node(L: Lowering, node: fx.Node) -> Val:
+    name, mod = _target_name(L, node)
+    key = name.split(".")[-1]
+    n = L.order[node]
+    if mod is not None:
+        handler = _MODULE_OPS.get(name)
+        if handler is None:
+            raise _unsupported(f"module nn.{name}")
+        return handler(L, node, mod, f"self.ref.{node.target}")
+    if name == "getitem":
+        return _getitem(L, node)
+    if name in ("getattr.values", "getattr.indices") and isinstance(L.vals.get(node.args[0]), _Pending):  # type: ignore[arg-type]
+        return L.vals[node.args[0]].pick(0 if name == "getattr.values" else 1)  # type: ignore[index,union-attr]
+    for table in (_VIEW_OPS, _ANCHOR_OPS):
+        if key in table and (name.startswith(("method.", "torch.", "F.", "getattr.")) or name == "matmul"):
+            return table[key](L, node)
+    if name == "matmul":
+        return _matmul(L, node)
+    raise _unsupported(f"op {name} (node {node.name}, #{n})")
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+
+def _same_order(L: Lowering, node: fx.Node, src: Val, shape_expr: str) -> Val:
+    n = L.order[node]
+    L.fwd(f"S{n} = {shape_expr}")
+    out = _shape(node)
+    if src.buffer is not None:
+        return L.buffer_val(src.buffer, out, f"S{n}", src.ctype)
+    dims = L.shape_dims(f"S{n}", out)
+    return Val(out, dims, lambda c: src.load(unflat(horner(c, dims), src.dims)), f"S{n}", src.ctype)
+
+
+def _reshape(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    if node.target in (torch.reshape,) and len(node.args) == 2:
+        args = _pyexpr(L, node.args[1])
+        return _same_order(L, node, src, f"_reshape(S{L.order[node.args[0]]}, ({args},))")  # type: ignore[index]
+    args = ", ".join(_pyexpr(L, a) for a in node.args[1:])
+    return _same_order(L, node, src, f"_reshape(S{L.order[node.args[0]]}, ({args},))")  # type: ignore[index]
+
+
+def _flatten(L: Lowering, node: fx.Node, start: int | None = None, end: int | None = None) -> Val:
+    src = L.tensor(node.args[0])
+    s = start if start is not None else int(_arg(node, 1, "start_dim", 0))
+    e = end if end is not None else int(_arg(node, 2, "end_dim", -1))
+    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    nd = len(src.shape)
+    s, e = s % max(nd, 1), e % max(nd, 1)
+    return _same_order(L, node, src, f"{S}[:{s}] + (_prod({S}[{s}:{e + 1}]),) + {S}[{e + 1}:]")
+
+
+def _squeeze(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    out = _shape(node)
+    keep = [k for k, v in enumerate(src.shape) if True]
+    d = _arg(node, 1, "dim")
+    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    if d is None:
+        keep = [k for k, v in enumerate(src.shape) if v != 1]
+    else:
+        ds = {x % len(src.shape) for x in (d if isinstance(d, list | tuple) else [d])}
+        keep = [k for k, v in enumerate(src.shape) if not (k in ds and v == 1)]
+    del out
+    return _same_order(L, node, src, "(" + "".join(f"{S}[{k}], " for k in keep) + ")")
+
+
+def _unsqueeze(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    d = int(_arg(node, 1, "dim")) % (len(src.shape) + 1)
+    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    return _same_order(L, node, src, f"{S}[:{d}] + (1,) + {S}[{d}:]")
+
+
+def _identity(L: Lowering, node: fx.Node) -> Val:
+    if node.target in ("to", "type") or node.target is torch.Tensor.to:
+        dt = [a for a in (*node.args[1:], *node.kwargs.values()) if isinstance(a, torch.dtype)]
+        if dt and dt[0] != torch.float32:
+            raise _unsupported(f"conversion to {dt[0]}")
+    if node.target in ("long", "int", "double", "half", "bool"):
+        raise _unsupported(f"conversion .{node.target}()")
+    src = L.tensor(node.args[0])
+    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    return Val(src.shape, src.dims, src.load, f"S{L.order[node]}", src.ctype, src.buffer)
+
+
+def _permuted(L: Lowering, node: fx.Node, src: Val, perm: list[int]) -> Val:
+    n = L.order[node]
+    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    L.fwd(f"S{n} = (" + "".join(f"{S}[{k}], " for k in perm) + ")")
+    out = _shape(node)
+    dims = L.shape_dims(f"S{n}", out)
+    inv = [perm.index(k) for k in range(len(perm))]
+    return Val(out, dims, lambda c: src.load([c[inv[k]] for k in range(len(perm))]), f"S{n}", src.ctype)
+
+
+def _permute(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    perm = (
+        node.args[1:]
+        if not isinstance(node.args[1] if len(node.args) > 1 else None, list | tuple)
+        else node.args[1]
+    )
+    if "dims" in node.kwargs:
+        perm = node.kwargs["dims"]
+    p = [int(d) % len(src.shape) for d in perm]  # type: ignore[union-attr]
+    return _permuted(L, node, src, p)
+
+
+def _transpose(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    nd = len(src.shape)
+    if node.target in ("t",) or (node.op == "call_function" and node.target in (torch.t, getattr)):
+        if node.op == "call_function" and node.target is getattr and node.args[1] == "mT":
+            a, b = nd - 2, nd - 1
+        else:
+            a, b = (0, 1) if nd == 2 else (0, 0)
+    else:
+        a, b = int(_arg(node, 1, "dim0")) % nd, int(_arg(node, 2, "dim1")) % nd
+    perm = list(range(nd))
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permuted(L, node, src, perm)
+
+
+def _flip(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    ds = node.args[1:] if len(node.args) > 2 else _arg(node, 1, "dims")
+    ds = [ds] if isinstance(ds, int) else list(ds)  # type: ignore[arg-type]
+    flips = {int(d) % len(src.shape) for d in ds}
+    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    dims = src.dims
+    return Val(
+        src.shape,
+        dims,
+        lambda c: src.load([f"({dims[k]} - 1 - ({x}))" if k in flips else x for k, x in enumerate(c)]),
+        f"S{L.order[node]}",
+        src.ctype,
+    )
+
+
+def _expand(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    n = L.order[node]
+    out = _shape(node)
+    if node.target == "expand_as":
+        L.fwd(f"S{n} = S{L.order[node.args[1]]}")  # type: ignore[index]
+    else:
+        sizes = node.args[1:] if not isinstance(node.args[1], list | tuple) else node.args[1]
+        S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+        off = len(out) - len(src.shape)
+        parts = []
+        for k, a in enumerate(sizes):  # type: ignore[arg-type]
+            parts.append(f"{S}[{k - off}]" if (isinstance(a, int) and a == -1) else _pyexpr(L, a))
+        L.fwd(f"S{n} = ({', '.join(parts)},)")
+    dims = L.shape_dims(f"S{n}", out)
+    return Val(out, dims, lambda c: L.broadcast_load(src, c, out), f"S{n}", src.ctype)
+
+
+def _fill_like(L: Lowering, node: fx.Node, value: float | None = None) -> Val:
+    src = L.tensor(node.args[0])
+    v = value if value is not None else float(_arg(node, 1, "fill_value"))
+    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    return Val(src.shape, src.dims, lambda c: lit(v), f"S{L.order[node]}")
+
+
+def _getitem(L: Lowering, node: fx.Node) -> Val:
+    base = node.args[0]
+    assert isinstance(base, fx.Node)
+    if base in L.vals and isinstance(L.vals[base], _Pending):
+        return L.vals[base].pick(int(node.args[1]))  # type: ignore[union-attr,call-overload]
+    src = L.tensor(base)
+    idx = node.args[1]
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    if any(
+        isinstance(i, fx.Node)
+        or (isinstance(i, slice) and any(isinstance(x, fx.Node) for x in (i.start, i.stop, i.step)))
+        for i in items
+    ):
+        raise _unsupported("indexing by a tensor or a traced size")
+    n = L.order[node]
+    S = f"S{L.order[base]}"
+    L.fwd(f"S{n}, T{n}, U{n} = _norm_index({S}, {idx!r})")
+    out = _shape(node)
+    dims = L.shape_dims(f"S{n}", out)
+    # map output dims to input dims: None adds a dim; an int drops one
+    norm = list(items)
+    if Ellipsis in norm:
+        k = norm.index(Ellipsis)
+        fill = len(src.shape) - sum(1 for i in norm if i is not None and i is not Ellipsis)
+        norm = norm[:k] + [slice(None)] * fill + norm[k + 1 :]
+    norm += [slice(None)] * (len(src.shape) - sum(1 for i in norm if i is not None))
+    starts = [L.sym(f"T{n}[{d}]") for d in range(len(src.shape))]
+    steps = [L.sym(f"U{n}[{d}]") for d in range(len(src.shape))]
+
+    def load(c: list[str]) -> str:
+        cs, od, d = [], 0, 0
+        for i in norm:
+            if i is None:
+                od += 1
+                continue
+            if isinstance(i, slice):
+                cs.append(f"({starts[d]} + ({c[od]}) * {steps[d]})")
+                od += 1
+            else:
+                cs.append(starts[d])
+            d += 1
+        return src.load(cs)
+
+    return Val(out, dims, load, f"S{n}", src.ctype)
+
+
+def _select(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    d = int(_arg(node, 1, "dim")) % len(src.shape)
+    i = int(_arg(node, 2, "index"))
+    n = L.order[node]
+    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    L.fwd(f"S{n} = {S}[:{d}] + {S}[{d + 1}:]")
+    out = _shape(node)
+    dims = L.shape_dims(f"S{n}", out)
+    at = L.sym(f"({i} % {S}[{d}])")
+    return Val(out, dims, lambda c: src.load([*c[:d], at, *c[d:]]), f"S{n}", src.ctype)
+
+
+def _cat(L: Lowering, node: fx.Node) -> Val:
+    parts = [L.tensor(a) for a in _arg(node, 0, "tensors")]
+    d = int(_arg(node, 1, "dim", 0)) % len(parts[0].shape)
+    n = L.order[node]
+    names = [f"S{L.order[a]}" for a in _arg(node, 0, "tensors")]
+    L.fwd(f"S{n} = {names[0]}[:{d}] + ({' + '.join(f'{s}[{d}]' for s in names)},) + {names[0]}[{d + 1}:]")
+    out = _shape(node)
+    dims = L.shape_dims(f"S{n}", out)
+
+    def load(c: list[str]) -> str:
+        offs = ["0"]
+        for p in parts[:-1]:
+            offs.append(f"({offs[-1]} + {p.dims[d]})")
+        expr = ""
+        for k in range(len(parts) - 1, -1, -1):
+            e = parts[k].load([*c[:d], f"(({c[d]}) - {offs[k]})", *c[d + 1 :]])
+            expr = e if not expr else f"(({c[d]}) < {offs[k + 1]} ? {e} : {expr})"
+        return expr
+
+    return Val(out, dims, load, f"S{n}")
+
+
+def _tri(L: Lowering, node: fx.Node, lower: bool) -> Val:
+    src = L.tensor(node.args[0])
+    k = int(_arg(node, 1, "diagonal", 0))
+    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    cmp = "<=" if lower else ">="
+
+    def load(c: list[str]) -> str:
+        return f"((({c[-1]}) - ({c[-2]})) {cmp} {k} ? {src.load(c)} : 0.0f)"
+
+    return Val(src.shape, src.dims, load, f"S{L.order[node]}")
+
+
+def _diag(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    if int(_arg(node, 1, "diagonal", 0)) != 0:
+        raise _unsupported("torch.diag with an offset")
+    n = L.order[node]
+    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    out = _shape(node)
+    if len(src.shape) == 1:
+        L.fwd(f"S{n} = ({S}[0], {S}[0])")
+        dims = L.shape_dims(f"S{n}", out)
+        return Val(out, dims, lambda c: f"(({c[0]}) == ({c[1]}) ? {src.load([c[0]])} : 0.0f)", f"S{n}")
+    L.fwd(f"S{n} = (min({S}[0], {S}[1]),)")
+    dims = L.shape_dims(f"S{n}", out)
+    return Val(out, dims, lambda c: src.load([c[0], c[0]]), f"S{n}")
+
+
+_VIEW_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
+    "view": _reshape,
+    "reshape": _reshape,
+    "flatten": _flatten,
+    "squeeze": _squeeze,
+    "unsqueeze": _unsqueeze,
+    "contiguous": _identity,
+    "float": _identity,
+    "to": _identity,
+    "clone": _identity,
+    "detach": _identity,
+    "long": _identity,
+    "int": _identity,
+    "half": _identity,
+    "double": _identity,
+    "bool": _identity,
+    "type": _identity,
+    "permute": _permute,
+    "transpose": _transpose,
+    "t": _transpose,
+    "T": _transpose,
+    "mT": _transpose,
+    "flip": _flip,
+    "expand": _expand,
+    "expand_as": _expand,
+    "zeros_like": lambda L, n: _fill_like(L, n, 0.0),
+    "ones_like": lambda L, n: _fill_like(L, n, 1.0),
+    "full_like": _fill_like,
+    "select": _select,
+    "cat": _cat,
+    "concat": _cat,
+    "concatenate": _cat,
+    "tril": lambda L, n: _tri(L, n, True),
+    "triu": lambda L, n: _tri(L, n, False),
+    "diag": _diag,
+}
+
+
+# -- accumulation helpers -----------------------------------------------------------------------
+
+
+def chunked_sum(L: Lowering, acc: str, count: str, term: Callable[[str], str], pre: str = "") -> str:
+    """``float acc`` = the sum of ``term(q)`` for q < count, one partial sum per CHUNK terms."""
+    q0, q, part = L.fresh("q"), L.fresh("q"), L.fresh("part")
+    return (
+        f"float {acc} = 0.0f;\n"
+        f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {CHUNK}) {{\n"
+        f"            float {part} = 0.0f;\n"
+        f"            const kf_long {q}_end = {q0} + {CHUNK} < (kf_long)({count}) ? {q0} + {CHUNK} : "
+        f"(kf_long)({count});\n"
+        f"            for (kf_long {q} = {q0}; {q} < {q}_end; ++{q}) {{ {pre.replace('{q}', q)}"
+        f"{part} += {term(q)}; }}\n"
+        f"            {acc} += {part};\n        }}"
+    )
+
+
+def _nan_max(a: str, x: str, op: str) -> str:
+    return f"{a} = ({x} {op} {a} || {x} != {x}) ? {x} : {a};"
+
+
+def _dims_list(d: Any, nd: int) -> list[int]:
+    if d is None:
+        return list(range(nd))
+    ds = [d] if isinstance(d, int) else list(d)
+    return sorted({int(x) % max(nd, 1) for x in ds})
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+
+class _Pending:
+    """torch.max/min(x, dim): a pair (values, indices) lowered when one of them is picked."""
+
+    def __init__(self, L: Lowering, node: fx.Node, op: str) -> None:
+        self.L, self.node, self.op = L, node, op
+
+    def pick(self, i: int) -> Val:
+        op = self.op if i == 0 else f"arg{self.op}"
+        dim = _arg(self.node, 1, "dim")
+        keep = bool(_arg(self.node, 2, "keepdim", False))
+        return reduce(self.L, self.node, self.L.tensor(self.node.args[0]), op, [int(dim)], keep, pick_node=i)
+
+
+def reduce(
+    L: Lowering,
+    node: fx.Node,
+    src: Val,
+    op: str,
+    dims: list[int],
+    keep: bool,
+    pick_node: int | None = None,
+    p: float = 2.0,
+    correction: float = 1.0,
+    divide_by: str = "",
+    epilogue: bool = True,
+) -> Val:
+    """Reduce ``src`` over ``dims`` with ``op`` (sum mean prod max min argmax argmin norm lse var std)."""
+    nd = len(src.shape)
+    n = L.order[node]
+    tag = f"{n}_{pick_node}" if pick_node is not None else f"{n}"
+    S = src.py_shape
+    L.fwd(f"S{tag} = _rshape({S}, {tuple(dims)!r}, {keep})")
+    out = tuple((1 if k in dims else v) for k, v in enumerate(src.shape) if keep or k not in dims)
+    rdims = [src.dims[k] for k in dims]
+    count = " * ".join(f"(kf_long){d}" for d in rdims) or "1"
+    kept = [k for k in range(nd) if k not in dims]
+
+    def in_coords(c: list[str], r: str) -> list[str]:
+        rc = unflat(r, rdims)
+        oc = [c[k] for k in range(len(out)) if not (keep and k in dims)] if keep else c
+        cs, ki, ri = [], 0, 0
+        for k in range(nd):
+            if k in dims:
+                cs.append(rc[ri])
+                ri += 1
+            else:
+                cs.append(oc[ki])
+                ki += 1
+        return cs
+
+    del kept
+
+    def body(c: list[str]) -> str:
+        x = lambda q: src.load(in_coords(c, q))  # noqa: E731
+        f = lambda name: fn(name, L.lang)  # noqa: E731
+        if op in ("sum", "mean"):
+            s = chunked_sum(L, "acc", count, x)
+            return (
+                s
+                + (f"\n        acc = acc / (float)({count});" if op == "mean" else "")
+                + (f"\n        acc = acc / (float)({divide_by});" if divide_by else "")
+            )
+        if op in ("var", "std"):
+            s = chunked_sum(L, "mu", count, x) + f"\n        mu = mu / (float)({count});\n        "
+            s += chunked_sum(L, "acc", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)")
+            s += f"\n        acc = acc / (float)({count} - {lit(correction)});"
+            return s + (f"\n        acc = {f('sqrt')}(acc);" if op == "std" else "")
+        if op == "norm":
+            if p == 2.0:
+                return (
+                    chunked_sum(L, "acc", count, lambda q: f"(({x(q)}) * ({x(q)}))")
+                    + f"\n        acc = {f('sqrt')}(acc);"
+                )
+            if p == 1.0:
+                return chunked_sum(L, "acc", count, lambda q: f"{f('fabs')}({x(q)})")
+            if math.isinf(p):
+                q = L.fresh("q")
+                return (
+                    f"float acc = 0.0f; for (kf_long {q} = 0; {q} < {count}; ++{q}) "
+                    f"{{ float v = {f('fabs')}({x(q)}); {_nan_max('acc', 'v', '>')} }}"
+                )
+            return (
+                chunked_sum(L, "acc", count, lambda q: f"{f('pow')}({f('fabs')}({x(q)}), {lit(p)})")
+                + f"\n        acc = {f('pow')}(acc, {lit(1.0 / p)});"
+            )
+        if op == "lse":
+            q = L.fresh("q")
+            s = (
+                f"float mx = -INFINITY; for (kf_long {q} = 0; {q} < {count}; ++{q}) "
+                f"{{ float v = {x(q)}; {_nan_max('mx', 'v', '>')} }}\n        "
+            )
+            s += chunked_sum(L, "acc", count, lambda q: f"{f('exp')}(({x(q)}) - mx)")
+            return s + f"\n        acc = (mx == INFINITY || mx == -INFINITY) ? mx : mx + {f('log')}(acc);"
+        if op == "prod":
+            q = L.fresh("q")
+            return f"float acc = 1.0f; for (kf_long {q} = 0; {q} < {count}; ++{q}) acc *= {x(q)};"
+        if op in ("max", "min", "argmax", "argmin"):
+            q = L.fresh("q")
+            cmp = ">" if op.endswith("max") else "<"
+            if op.startswith("arg"):
+                return (
+                    f"float best = {x('0')}; kf_long acc = 0;\n"
+                    f"        for (kf_long {q} = 1; {q} < {count}; ++{q}) {{ float v = {x(q)}; "
+                    f"if (best == best && (v {cmp} best || v != v)) {{ best = v; acc = {q}; }} }}"
+                )
+            init = "-INFINITY" if cmp == ">" else "INFINITY"
+            return (
+                f"float acc = {init}; for (kf_long {q} = 0; {q} < {count}; ++{q}) "
+                f"{{ float v = {x(q)}; {_nan_max('acc', 'v', cmp)} }}"
+            )
+        raise _unsupported(f"reduction {op}")
+
+    ctype = "long" if op.startswith("arg") else "float"
+    decl_node = node if pick_node is None and epilogue else None
+    return L.emit_pointwise(out, f"S{tag}", body, op, ctype, node=decl_node)
+
+
+_REDUCE_NAMES = {
+    "sum": "sum",
+    "mean": "mean",
+    "amax": "max",
+    "amin": "min",
+    "prod": "prod",
+    "argmax": "argmax",
+    "argmin": "argmin",
+    "logsumexp": "lse",
+    "norm": "norm",
+    "var": "var",
+    "std": "std",
+    "max": "max",
+    "min": "min",
+}
+
+
+def _reduction(L: Lowering, node: fx.Node) -> Val:
+    key = str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
+    op = _REDUCE_NAMES[key]
+    src = L.tensor(node.args[0])
+    nd = len(src.shape)
+    if op in ("max", "min"):
+        d = _arg(node, 1, "dim")
+        if isinstance(d, fx.Node):
+            raise _unsupported("torch.max of two tensors")
+        if d is not None:
+            pending = _Pending(L, node, op)
+            L.vals[node] = pending  # type: ignore[assignment]
+            return pending  # type: ignore[return-value]
+        return reduce(L, node, src, op, list(range(nd)), False)
+    pos = 2 if op == "norm" else 1
+    d = _arg(node, pos, "dim")
+    keep = bool(_arg(node, pos + 1, "keepdim", False))
+    if op in ("argmax", "argmin") and d is None:
+        flat = _same_order(L, node.args[0], src, f"(_prod({src.py_shape}),)")  # type: ignore[arg-type]
+        return reduce(L, node, flat, op, [0], False)
+    if op in ("sum", "mean", "prod") and "dtype" in node.kwargs:
+        raise _unsupported("reductions with a dtype")
+    if op == "prod" and d is not None:
+        return reduce(L, node, src, op, [int(d) % nd], keep)
+    pv = _arg(node, 1, "p", 2.0) if op == "norm" else 2.0
+    pv = 2.0 if pv in ("fro", None) else float("inf") if pv == "inf" else float(pv)
+    corr = 1.0
+    if op in ("var", "std"):
+        corr = float(node.kwargs.get("correction", 0 if node.kwargs.get("unbiased") is False else 1))
+    return reduce(L, node, src, op, _dims_list(d, nd), keep, p=pv, correction=corr)
+
+
+def _vector_norm(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(node.args[0])
+    pv = _arg(node, 1, "ord", 2.0)
+    d = _arg(node, 2, "dim")
+    keep = bool(_arg(node, 3, "keepdim", False))
+    return reduce(L, node, src, "norm", _dims_list(d, len(src.shape)), keep, p=float(pv))
+
+
+# -- rows: softmax, scans, norms -----------------------------------------------------------------
+
+
+def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim: int | None = None) -> Val:
+    src = src or L.tensor(node.args[0])
+    d = (dim if dim is not None else int(_arg(node, 1, "dim"))) % len(src.shape)
+    n = L.order[node]
+    L.fwd(f"S{n} = {src.py_shape}")
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    R = src.dims[d]
+
+    def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
+        r = L.fresh("r")
+        at = lambda q: [*c[:d], q, *c[d + 1 :]]  # noqa: E731
+        x = lambda q: src.load(at(q))  # noqa: E731
+        s = (
+            f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {R}; ++{r}) "
+            f"{{ float v = {x(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
+        )
+        s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)")
+        w = L.fresh("r")
+        val = f"(({x(w)}) - mx - {f('log')}(den))" if log else f"({f('exp')}(({x(w)}) - mx) / den)"
+        return s + f"\n        for (kf_long {w} = 0; {w} < {R}; ++{w}) {store(at(w), val)}"
+
+    return L.emit_rows(src.shape, f"S{n}", [d], body, "logsoftmax" if log else "softmax", node=node)
+
+
+def _softmax_fn(L: Lowering, node: fx.Node) -> Val:
+    key = str(node.target if node.op == "call_method" else node.target.__name__)  # type: ignore[union-attr]
+    return _softmax(L, node, key == "log_softmax")
+
+
+def _scan(L: Lowering, node: fx.Node) -> Val:
+    key = str(node.target if node.op == "call_method" else node.target.__name__)  # type: ignore[union-attr]
+    src = L.tensor(node.args[0])
+    if "dtype" in node.kwargs and node.kwargs["dtype"] is not None:
+        raise _unsupported("scans with a dtype")
+    d = int(_arg(node, 1, "dim")) % len(src.shape)
+    n = L.order[node]
+    L.fwd(f"S{n} = {src.py_shape}")
+    R = src.dims[d]
+
+    def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
+        r = L.fresh("r")
+        at = [*c[:d], r, *c[d + 1 :]]
+        if key == "cumprod":
+            return f"float run = 1.0f; for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ run *= {src.load(at)}; {store(at, 'run')} }}"
+        if key == "cummax":
+            raise _unsupported("cummax")
+        # compensated (Kahan) running sum
+        return (
+            f"float run = 0.0f, comp = 0.0f; for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ "
+            f"float yv = ({src.load(at)}) - comp; float tv = run + yv; comp = (tv - run) - yv; run = tv; "
+            f"{store(at, 'run')} }}"
+        )
+
+    return L.emit_rows(src.shape, f"S{n}", [d], body, key, node=node)
+
+
+def _norm_rows(
+    L: Lowering,
+    node: fx.Node,
+    src: Val,
+    row_dims: list[int],
+    eps: float,
+    weight: str | None,
+    bias: str | None,
+    chan: Callable[[list[str]], str] | None,
+    tag: str,
+    mean_var: tuple[str, str] | None = None,
+    epilogue: bool = True,
+) -> Val:
+    """Normalise ``src`` over ``row_dims`` (two passes: mean, then variance of the deviations);
+    ``chan(coords)`` indexes the affine parameters."""
+    n = L.order[node]
+    L.fwd(f"S{n} = {src.py_shape}")
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    rd = [src.dims[k] for k in row_dims]
+    count = " * ".join(f"(kf_long){d}" for d in rd)
+
+    def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
+        def at(q: str) -> list[str]:
+            rc = unflat(q, rd)
+            cs = list(c)
+            for k, x in zip(row_dims, rc, strict=True):
+                cs[k] = x
+            return cs
+
+        x = lambda q: src.load(at(q))  # noqa: E731
+        if mean_var is None:
+            s = chunked_sum(L, "mu", count, x) + f"\n        mu = mu / (float)({count});\n        "
+            s += chunked_sum(L, "var", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)")
+            s += f"\n        var = var / (float)({count});\n        "
+        else:
+            s = f"float mu = {mean_var[0]}; float var = {mean_var[1]};\n        "
+        s += f"const float rstd = {f('rsqrt')}(var + {lit(eps)});\n        "
+        w = L.fresh("r")
+        cs = at(w)
+        val = f"((({x(w)}) - mu) * rstd)"
+        if weight is not None and chan is not None:
+            val = f"({val} * {weight}[{chan(cs)}])"
+        if bias is not None and chan is not None:
+            val = f"({val} + {bias}[{chan(cs)}])"
+        return s + f"for (kf_long {w} = 0; {w} < {count}; ++{w}) {{ {store(cs, val)} }}"
+
+    return L.emit_rows(src.shape, f"S{n}", row_dims, body, tag, node=node if epilogue else None)
+
+
+def _batch_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    src = L.tensor(node.args[0])
+    nd = len(src.shape)
+    w = L.ptr(f"{path}.weight") if getattr(mod, "weight", None) is not None else None
+    b = L.ptr(f"{path}.bias") if getattr(mod, "bias", None) is not None else None
+    chan = lambda c: c[1]  # noqa: E731
+    if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+        if mod.training or mod.running_mean is None:
+            return _norm_rows(L, node, src, [0, *range(2, nd)], mod.eps, w, b, chan, "batchnorm")
+        rm, rv = L.ptr(f"{path}.running_mean"), L.ptr(f"{path}.running_var")
+        return _norm_rows(
+            L,
+            node,
+            src,
+            [0, *range(2, nd)],
+            mod.eps,
+            w,
+            b,
+            chan,
+            "batchnorm_eval",
+            mean_var=(f"{rm}[c1]", f"{rv}[c1]"),
+        )
+    if isinstance(mod, nn.modules.instancenorm._InstanceNorm):
+        if mod.track_running_stats and not mod.training:
+            raise _unsupported("instance norm with running statistics")
+        return _norm_rows(L, node, src, list(range(2, nd)), mod.eps, w, b, chan, "instancenorm")
+    raise _unsupported(type(mod).__name__)
+
+
+def _group_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    assert isinstance(mod, nn.GroupNorm)
+    src = L.tensor(node.args[0])
+    n = L.order[node]
+    nd = len(src.shape)
+    G = L.sym(f"{path}.num_groups")
+    # view x as (N, G, C/G * spatial): rows (n, g); stats over the last dim
+    S = src.py_shape
+    L.fwd(f"V{n} = ({S}[0], {path}.num_groups, _prod({S}[1:]) // {path}.num_groups)")
+    vshape = (src.shape[0], mod.num_groups, math.prod(src.shape[1:]) // mod.num_groups)
+    vd = L.shape_dims(f"V{n}", vshape)
+    flat_dims = src.dims
+    view = Val(vshape, vd, lambda c: src.load(unflat(horner(c, vd), flat_dims)), f"V{n}")
+    w = L.ptr(f"{path}.weight") if mod.affine else None
+    b = L.ptr(f"{path}.bias") if mod.affine else None
+    spatial = " * ".join(f"(kf_long){d}" for d in src.dims[2:]) or "1"
+    cpg = f"({src.dims[1]} / {G})"
+    chan = lambda c: f"(({c[1]}) * {cpg} + ({c[2]}) / ({spatial}))"  # noqa: E731
+    del nd
+    # the rows kernel writes the (N, G, rest) view; its buffer's flat order is the input's
+    v = _norm_rows(L, node, view, [2], mod.eps, w, b, chan, "groupnorm", epilogue=False)
+    L.fwd(f"S{n} = {S}")
+    return L.buffer_val(str(v.buffer), src.shape, f"S{n}")
+
+
+def _layer_norm_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    assert isinstance(mod, nn.LayerNorm)
+    src = L.tensor(node.args[0])
+    k = len(mod.normalized_shape)
+    nd = len(src.shape)
+    w = L.ptr(f"{path}.weight") if mod.elementwise_affine and mod.weight is not None else None
+    b = L.ptr(f"{path}.bias") if mod.elementwise_affine and mod.bias is not None else None
+    rd = list(range(nd - k, nd))
+    chan = lambda c: horner([c[i] for i in rd], [src.dims[i] for i in rd])  # noqa: E731
+    return _norm_rows(L, node, src, rd, mod.eps, w, b, chan, "layernorm")
+
+
+# -- matmul family -------------------------------------------------------------------------------
+
+
+def _matmul(L: Lowering, node: fx.Node) -> Val:
+    a, b = L.tensor(node.args[0]), L.tensor(node.args[1])
+    key = str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
+    if key in ("mm",) and (len(a.shape) != 2 or len(b.shape) != 2):
+        raise _unsupported("torch.mm of non-matrices")
+    n = L.order[node]
+    L.fwd(f"S{n} = _mmshape({a.py_shape}, {b.py_shape})")
+    out = _shape(node)
+    a1, b1 = len(a.shape) == 1, len(b.shape) == 1
+    ashape = (1, *a.shape) if a1 else a.shape
+    bshape = (*b.shape, 1) if b1 else b.shape
+    K = a.dims[-1]
+    full = (*_broadcast(ashape[:-2], bshape[:-2]), ashape[-2], bshape[-1])
+
+    def body(c: list[str]) -> str:
+        cs = list(c)
+        if a1:
+            cs = [*cs[:-1], "0", cs[-1]] if not b1 else ["0", "0"]
+        if b1 and not a1:
+            cs = [*cs, "0"]
+        batch, i, j = cs[:-2], cs[-2], cs[-1]
+
+        def aload(q: str) -> str:
+            bc = _bc_coords(batch, full[:-2], ashape[:-2])
+            return a.load([q] if a1 else [*bc, i, q])
+
+        def bload(q: str) -> str:
+            bc = _bc_coords(batch, full[:-2], bshape[:-2])
+            return b.load([q] if b1 else [*bc, q, j])
+
+        return chunked_sum(L, "acc", K, lambda q: f"({aload(q)}) * ({bload(q)})")
+
+    return L.emit_pointwise(out, f"S{n}", body, "matmul", node=node)
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(torch.Size(a), torch.Size(b)))
+
+
+def _bc_coords(coords: list[str], full: tuple[int, ...], mine: tuple[int, ...]) -> list[str]:
+    off = len(full) - len(mine)
+    return ["0" if mine[k] == 1 and full[k + off] != 1 else coords[k + off] for k in range(len(mine))]
+
+
+def _linear_common(L: Lowering, node: fx.Node, x: Val, w: Val, bias: Val | None, py_out: str) -> Val:
+    n = L.order[node]
+    L.fwd(f"S{n} = {x.py_shape}[:-1] + ({py_out},)")
+    out = _shape(node)
+    K = x.dims[-1]
+
+    def body(c: list[str]) -> str:
+        s = chunked_sum(L, "acc", K, lambda q: f"({x.load([*c[:-1], q])}) * ({w.load([c[-1], q])})")
+        return s + (f"\n        acc += {bias.load([c[-1]])};" if bias is not None else "")
+
+    return L.emit_pointwise(out, f"S{n}", body, "linear", node=node)
+
+
+def _linear_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    assert isinstance(mod, nn.Linear)
+    x = L.tensor(node.args[0])
+    w = L.buffer_val(f"{path}.weight", tuple(mod.weight.shape), f"tuple({path}.weight.shape)")
+    b = (
+        L.buffer_val(f"{path}.bias", tuple(mod.bias.shape), f"tuple({path}.bias.shape)")
+        if mod.bias is not None
+        else None
+    )
+    return _linear_common(L, node, x, w, b, f"{path}.weight.shape[0]")
+
+
+def _linear_fn(L: Lowering, node: fx.Node) -> Val:
+    x, w = L.tensor(node.args[0]), L.tensor(node.args[1])
+    bn = _arg(node, 2, "bias")
+    b = L.tensor(bn) if bn is not None else None
+    return _linear_common(L, node, x, w, b, f"{w.py_shape}[0]")
+
+
+# -- convolution and pooling ---------------------------------------------------------------------
+
+
+def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    assert isinstance(mod, nn.modules.conv._ConvNd)
+    if isinstance(mod.padding, str) or mod.padding_mode != "zeros":
+        raise _unsupported("convolution with string or non-zero padding modes")
+    x = L.tensor(node.args[0])
+    nd = len(mod.kernel_size)
+    if len(x.shape) != nd + 2:
+        raise _unsupported("unbatched convolution")
+    transposed = bool(mod.transposed)
+    n = L.order[node]
+    if transposed:
+        L.fwd(
+            f"S{n} = _convtshape({x.py_shape}, tuple({path}.weight.shape), {path}.groups, {path}.stride, "
+            f"{path}.padding, {path}.dilation, {path}.output_padding)"
+        )
+    else:
+        L.fwd(
+            f"S{n} = _convshape({x.py_shape}, tuple({path}.weight.shape), {path}.stride, {path}.padding, "
+            f"{path}.dilation)"
+        )
+    out = _shape(node)
+    w = L.buffer_val(f"{path}.weight", tuple(mod.weight.shape), f"tuple({path}.weight.shape)")
+    bias = L.ptr(f"{path}.bias") if mod.bias is not None else None
+    st = [L.sym(f"{path}.stride[{k}]") for k in range(nd)]
+    pd = [L.sym(f"{path}.padding[{k}]") for k in range(nd)]
+    dl = [L.sym(f"{path}.dilation[{k}]") for k in range(nd)]
+    G = L.sym(f"{path}.groups")
+    ks = w.dims[2:]
+    odims = L.shape_dims(f"S{n}", out)
+
+    def body(c: list[str]) -> str:
+        nn_, co, oc = c[0], c[1], c[2:]
+        ci, kk = L.fresh("ci"), L.fresh("kk")
+        kc = unflat(kk, ks)
+        ksz = " * ".join(f"(kf_long){k}" for k in ks)
+        if not transposed:
+            cin_g = w.dims[1]
+            cout_g = f"({odims[1]} / {G})"
+            pos = [f"(({oc[k]}) * {st[k]} - {pd[k]} + ({kc[k]}) * {dl[k]})" for k in range(nd)]
+            inside = " && ".join(f"{p} >= 0 && {p} < {x.dims[2 + k]}" for k, p in enumerate(pos))
+            chan = f"(({co}) / {cout_g}) * {cin_g} + {ci}"
+            wl = w.load([co, ci, *kc])
+        else:
+            cin_g = f"({x.dims[1]} / {G})"
+            cout_g = w.dims[1]
+            t = [f"(({oc[k]}) + {pd[k]} - ({kc[k]}) * {dl[k]})" for k in range(nd)]
+            pos = [f"({tk} / {st[k]})" for k, tk in enumerate(t)]
+            inside = " && ".join(
+                f"{tk} >= 0 && {tk} % {st[k]} == 0 && {p} < {x.dims[2 + k]}"
+                for k, (tk, p) in enumerate(zip(t, pos, strict=True))
+            )
+            chan = f"(({co}) / {cout_g}) * {cin_g} + {ci}"
+            wl = w.load([chan, f"(({co}) % {cout_g})", *kc])
+        xl = x.load([nn_, chan, *pos])
+        part = L.fresh("part")
+        s = (
+            f"float acc = 0.0f;\n        for (kf_long {ci} = 0; {ci} < {cin_g}; ++{ci}) {{\n"
+            f"            float {part} = 0.0f;\n"
+            f"            for (kf_long {kk} = 0; {kk} < {ksz}; ++{kk}) {{ if ({inside}) {part} += ({xl}) * ({wl}); }}\n"
+            f"            acc += {part};\n        }}"
+        )
+        return s + (f"\n        acc += {bias}[{co}];" if bias else "")
+
+    return L.emit_pointwise(out, f"S{n}", body, "convT" if transposed else "conv", node=node)
+
+
+def _pool(
+    L: Lowering,
+    node: fx.Node,
+    kind: str,
+    nd: int,
+    k: Any,
+    s: Any,
+    p: Any,
+    d: Any,
+    ceil: bool,
+    include_pad: bool = True,
+    divisor: int | None = None,
+) -> Val:
+    x = L.tensor(node.args[0])
+    n = L.order[node]
+    L.fwd(f"S{n} = _poolshape({x.py_shape}, {nd}, {k}, {s}, {p}, {d}, {ceil})")
+    out = _shape(node)
+    kk = [L.sym(f"_nt({k}, {nd})[{i}]") for i in range(nd)]
+    ss = [L.sym(f"_nt({s} if {s} else {k}, {nd})[{i}]") for i in range(nd)]
+    pp = [L.sym(f"_nt({p}, {nd})[{i}]") for i in range(nd)]
+    dd = [L.sym(f"_nt({d}, {nd})[{i}]") for i in range(nd)]
+    lead = len(out) - nd
+
+    def body(c: list[str]) -> str:
+        oc = c[lead:]
+        w = L.fresh("w")
+        wc = unflat(w, kk)
+        wsz = " * ".join(f"(kf_long){v}" for v in kk)
+        pos = [f"(({oc[i]}) * {ss[i]} - {pp[i]} + ({wc[i]}) * {dd[i]})" for i in range(nd)]
+        inside = " && ".join(f"{q} >= 0 && {q} < {x.dims[lead + i]}" for i, q in enumerate(pos))
+        xl = x.load([*c[:lead], *pos])
+        if kind == "max":
+            return (
+                f"float acc = -INFINITY;\n        for (kf_long {w} = 0; {w} < {wsz}; ++{w}) "
+                f"{{ if ({inside}) {{ float v = {xl}; {_nan_max('acc', 'v', '>')} }} }}"
+            )
+        # average: torch's divisor (window clipped to the padded input, or to the input without padding)
+        lo = [f"(({oc[i]}) * {ss[i]} - {pp[i]})" for i in range(nd)]
+        hi_pad = [
+            f"({lo[i]} + {kk[i]} < {x.dims[lead + i]} + {pp[i]} ? {lo[i]} + {kk[i]} : "
+            f"{x.dims[lead + i]} + {pp[i]})"
+            for i in range(nd)
+        ]
+        if divisor:
+            div = lit(float(divisor))
+        elif include_pad:
+            div = " * ".join(f"(float)({hi_pad[i]} - {lo[i]})" for i in range(nd))
+        else:
+            div = " * ".join(
+                f"(float)(({hi_pad[i]} < {x.dims[lead + i]} ? {hi_pad[i]} : {x.dims[lead + i]}) - "
+                f"({lo[i]} > 0 ? {lo[i]} : 0))"
+                for i in range(nd)
+            )
+        return (
+            f"float acc = 0.0f;\n        for (kf_long {w} = 0; {w} < {wsz}; ++{w}) "
+            f"{{ if ({inside}) acc += {xl}; }}\n        acc = acc / ({div});"
+        )
+
+    return L.emit_pointwise(out, f"S{n}", body, f"{kind}pool", node=node)
+
+
+def _pool_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    name = type(mod).__name__
+    nd = int(name[-2])
+    if name.startswith("Max"):
+        assert isinstance(mod, nn.modules.pooling._MaxPoolNd)
+        if mod.return_indices:
+            raise _unsupported("max pooling returning indices")
+        return _pool(
+            L,
+            node,
+            "max",
+            nd,
+            f"{path}.kernel_size",
+            f"{path}.stride",
+            f"{path}.padding",
+            f"{path}.dilation",
+            bool(mod.ceil_mode),
+        )
+    if name.startswith("Avg"):
+        assert isinstance(mod, nn.modules.pooling._AvgPoolNd)
+        return _pool(
+            L,
+            node,
+            "avg",
+            nd,
+            f"{path}.kernel_size",
+            f"{path}.stride",
+            f"{path}.padding",
+            "1",
+            bool(mod.ceil_mode),
+            bool(getattr(mod, "count_include_pad", True)),
+            getattr(mod, "divisor_override", None),
+        )
+    raise _unsupported(name)
+
+
+def _pool_fn(L: Lowering, node: fx.Node) -> Val:
+    name = str(node.target.__name__)  # type: ignore[union-attr]
+    nd = int(name[-2])
+    k = _arg(node, 1, "kernel_size")
+    s = _arg(node, 2, "stride")
+    p = _arg(node, 3, "padding", 0)
+    if name.startswith("max"):
+        if _arg(node, 6, "return_indices", False):
+            raise _unsupported("max pooling returning indices")
+        return _pool(
+            L,
+            node,
+            "max",
+            nd,
+            repr(k),
+            repr(s),
+            repr(p),
+            repr(_arg(node, 4, "dilation", 1)),
+            bool(_arg(node, 5, "ceil_mode", False)),
+        )
+    return _pool(
+        L,
+        node,
+        "avg",
+        nd,
+        repr(k),
+        repr(s),
+        repr(p),
+        "1",
+        bool(_arg(node, 4, "ceil_mode", False)),
+        bool(_arg(node, 5, "count_include_pad", True)),
+        _arg(node, 6, "divisor_override"),
+    )
+
+
+def _adaptive_avg(L: Lowering, node: fx.Node, size: Any, nd: int) -> Val:
+    x = L.tensor(node.args[0])
+    n = L.order[node]
+    out = _shape(node)
+    lead = len(out) - nd
+    S = x.py_shape
+    L.fwd(
+        f"S{n} = {S}[:{lead}] + tuple(o if o is not None else {S}[{lead} + i] "
+        f"for i, o in enumerate(_nt({size!r}, {nd})))"
+    )
+
+    def body(c: list[str]) -> str:
+        od = L.shape_dims(f"S{n}", out)[lead:]
+        idims = x.dims[lead:]
+        lo = [f"(({c[lead + i]}) * {idims[i]} / {od[i]})" for i in range(nd)]
+        hi = [f"((({c[lead + i]}) + 1) * {idims[i]} + {od[i]} - 1) / {od[i]}" for i in range(nd)]
+        loops, close, ws = "", "", []
+        for i in range(nd):
+            v = L.fresh("a")
+            ws.append(v)
+            loops += f"for (kf_long {v} = {lo[i]}; {v} < {hi[i]}; ++{v}) "
+        cnt = " * ".join(f"(float)({hi[i]} - {lo[i]})" for i in range(nd))
+        del close
+        return f"float acc = 0.0f;\n        {loops}acc += {x.load([*c[:lead], *ws])};\n        acc = acc / ({cnt});"
+
+    return L.emit_pointwise(out, f"S{n}", body, "adaptiveavg", node=node)
+
+
+# -- losses and attention --------------------------------------------------------------------------
+
+
+def _finish_loss(L: Lowering, node: fx.Node, per: Val, reduction: str) -> Val:
+    if reduction == "none":
+        return per
+    every = list(range(len(per.shape)))
+    if reduction == "batchmean":
+        return reduce(L, node, per, "sum", every, False, divide_by=L.sym(f"{per.py_shape}[0]"))
+    return reduce(L, node, per, "mean" if reduction == "mean" else "sum", every, False)
+
+
+def _pointwise_loss(L: Lowering, node: fx.Node, expr: Callable[[str, str], str]) -> Val:
+    a, b = L.tensor(node.args[0]), L.tensor(node.args[1])
+    out = tuple(torch.broadcast_shapes(torch.Size(a.shape), torch.Size(b.shape)))
+    n = L.order[node]
+    L.fwd(f"E{n} = _bshape({a.py_shape}, {b.py_shape})")
+    dims = L.shape_dims(f"E{n}", out)
+    per = Val(out, dims, lambda c: expr(L.broadcast_load(a, c, out), L.broadcast_load(b, c, out)), f"E{n}")
+    if str(node.kwargs.get("reduction", "mean")) == "none":
+        return L.emit_pointwise(out, f"E{n}", lambda c: f"float acc = {per.load(c)};", "loss", node=node)
+    return _finish_loss(L, node, per, str(node.kwargs.get("reduction", "mean")))
+
+
+def _mse(L: Lowering, node: fx.Node) -> Val:
+    return _pointwise_loss(L, node, lambda a, b: f"((({a}) - ({b})) * (({a}) - ({b})))")
+
+
+def _l1(L: Lowering, node: fx.Node) -> Val:
+    return _pointwise_loss(L, node, lambda a, b: f"{fn('fabs', L.lang)}(({a}) - ({b}))")
+
+
+def _smooth_l1(L: Lowering, node: fx.Node) -> Val:
+    beta = float(node.kwargs.get("beta", 1.0))
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    if beta == 0.0:
+        return _l1(L, node)
+    return _pointwise_loss(
+        L,
+        node,
+        lambda a, b: (
+            f"({f('fabs')}(({a}) - ({b})) < {lit(beta)} ? 0.5f * (({a}) - ({b})) * (({a}) - ({b})) / {lit(beta)} : "
+            f"{f('fabs')}(({a}) - ({b})) - {lit(0.5 * beta)})"
+        ),
+    )
+
+
+def _huber(L: Lowering, node: fx.Node) -> Val:
+    delta = float(node.kwargs.get("delta", 1.0))
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    return _pointwise_loss(
+        L,
+        node,
+        lambda a, b: (
+            f"({f('fabs')}(({a}) - ({b})) < {lit(delta)} ? 0.5f * (({a}) - ({b})) * (({a}) - ({b})) : "
+            f"{lit(delta)} * ({f('fabs')}(({a}) - ({b})) - {lit(0.5 * delta)}))"
+        ),
+    )
+
+
+def _kl_div(L: Lowering, node: fx.Node) -> Val:
+    if node.kwargs.get("log_target"):
+        return _pointwise_loss(L, node, lambda a, b: f"({fn('exp', L.lang)}({b}) * (({b}) - ({a})))")
+    return _pointwise_loss(
+        L,
+        node,
+        lambda a, b: (
+            f"(({b}) > 0.0f ? ({b}) * ({fn('log', L.lang)}({b}) - ({a})) : (({b}) == 0.0f ? 0.0f : NAN))"
+        ),
+    )
+
+
+def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
+    x, t = L.tensor(node.args[0]), L.tensor(node.args[1])
+    if (
+        t.ctype != "long"
+        or len(x.shape) != 2
+        or node.kwargs.get("weight") is not None
+        or float(node.kwargs.get("label_smoothing", 0.0)) != 0.0
+    ):
+        raise _unsupported("cross-entropy other than (N, C) logits with integer targets")
+    n = L.order[node]
+    L.fwd(f"S{n}_per = ({x.py_shape}[0],)")
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    C = x.dims[1]
+    ign = int(node.kwargs.get("ignore_index", -100))
+
+    def body(c: list[str]) -> str:
+        r = L.fresh("r")
+        xl = lambda q: x.load([c[0], q])  # noqa: E731
+        s = (
+            f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {C}; ++{r}) "
+            f"{{ float v = {xl(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
+        )
+        s += chunked_sum(L, "den", C, lambda q: f"{f('exp')}(({xl(q)}) - mx)")
+        tl = t.load([c[0]])
+        return s + (
+            f"\n        const kf_long tg = {tl};\n"
+            f"        float acc = tg == {ign} ? 0.0f : mx + {f('log')}(den) - ({xl('tg')});"
+        )
+
+    per = L.emit_pointwise((x.shape[0],), f"S{n}_per", body, "xent")
+    if str(node.kwargs.get("reduction", "mean")) == "mean":  # torch: the mean over targets not ignored
+        cnt = L.emit_pointwise(
+            (),
+            "()",
+            lambda c: chunked_sum(L, "acc", t.dims[0], lambda q: f"({t.load([q])} == {ign} ? 0.0f : 1.0f)"),
+            "xentcount",
+        )
+        tot = reduce(L, node, per, "sum", [0], False, epilogue=False)
+        return L.emit_pointwise(
+            (), f"S{n}", lambda c: f"float acc = {tot.load([])} / {cnt.load([])};", "xentmean", node=node
+        )
+    reduction = str(node.kwargs.get("reduction", "mean"))
+    return _finish_loss(L, node, per, reduction)
+
+
+def _cosine(L: Lowering, node: fx.Node) -> Val:
+    a, b = L.tensor(node.args[0]), L.tensor(node.args[1])
+    full = tuple(torch.broadcast_shapes(torch.Size(a.shape), torch.Size(b.shape)))
+    d = int(_arg(node, 2, "dim", 1)) % len(full)
+    eps = float(_arg(node, 3, "eps", 1e-8))
+    n = L.order[node]
+    L.fwd(f"E{n} = _bshape({a.py_shape}, {b.py_shape})")
+    L.fwd(f"S{n} = E{n}[:{d}] + E{n}[{d + 1}:]")
+    out = _shape(node)
+    fd = L.shape_dims(f"E{n}", full)
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+
+    def body(c: list[str]) -> str:
+        at = lambda q: [*c[:d], q, *c[d:]]  # noqa: E731
+        al = lambda q: L.broadcast_load(a, at(q), full)  # noqa: E731
+        bl = lambda q: L.broadcast_load(b, at(q), full)  # noqa: E731
+        s = chunked_sum(L, "dot", fd[d], lambda q: f"({al(q)}) * ({bl(q)})") + "\n        "
+        s += chunked_sum(L, "na", fd[d], lambda q: f"({al(q)}) * ({al(q)})") + "\n        "
+        s += chunked_sum(L, "nb", fd[d], lambda q: f"({bl(q)}) * ({bl(q)})") + "\n        "
+        e = lit(eps)
+        return s + (
+            f"float acc = dot / ({f('fmax')}({f('sqrt')}(na), {e}) * {f('fmax')}({f('sqrt')}(nb), {e}));"
+        )
+
+    return L.emit_pointwise(out, f"S{n}", body, "cosine", node=node)
+
+
+def _sdpa(L: Lowering, node: fx.Node) -> Val:
+    q, k, v = (L.tensor(a) for a in node.args[:3])
+    if (
+        _arg(node, 3, "attn_mask") is not None
+        or float(_arg(node, 4, "dropout_p", 0.0)) != 0.0
+        or node.kwargs.get("enable_gqa")
+    ):
+        raise _unsupported("attention with a mask, dropout or grouped heads")
+    causal = bool(_arg(node, 5, "is_causal", False))
+    scale = _arg(node, 6, "scale")
+    n = L.order[node]
+    L.fwd(f"S{n} = {q.py_shape}[:-1] + ({v.py_shape}[-1],)")
+    out = _shape(node)
+    E = q.dims[-1]
+    Skv = k.dims[-2]
+    sc = lit(float(scale)) if scale is not None else f"(1.0f / {fn('sqrt', L.lang)}((float){E}))"
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+
+    def body(c: list[str]) -> str:
+        batch, i, dv = c[:-2], c[-2], c[-1]
+        kb = _bc_coords(batch, out[:-2], k.shape[:-2])
+        vb = _bc_coords(batch, out[:-2], v.shape[:-2])
+        qb = _bc_coords(batch, out[:-2], q.shape[:-2])
+        j = L.fresh("j")
+        end = f"(({i}) + 1 < {Skv} ? ({i}) + 1 : {Skv})" if causal else Skv
+        score = chunked_sum(L, "s", E, lambda e: f"({q.load([*qb, i, e])}) * ({k.load([*kb, j, e])})")
+        return (
+            f"float m = -INFINITY, l = 0.0f, acc = 0.0f;\n"
+            f"        for (kf_long {j} = 0; {j} < {end}; ++{j}) {{\n        {score}\n"
+            f"            s = s * {sc};\n"
+            f"            const float mn = {f('fmax')}(m, s); const float corr = {f('exp')}(m - mn);\n"
+            f"            const float pj = {f('exp')}(s - mn);\n"
+            f"            l = l * corr + pj; acc = acc * corr + pj * ({v.load([*vb, j, dv])}); m = mn;\n"
+            f"        }}\n        acc = acc / l;"
+        )
+
+    return L.emit_pointwise(out, f"S{n}", body, "sdpa", node=node)
+
+
+def _max_pair(L: Lowering, node: fx.Node) -> Val:
+    return _reduction(L, node)
+
+
+_ANCHOR_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
+    **{k: _reduction for k in _REDUCE_NAMES},
+    "vector_norm": _vector_norm,
+    "softmax": _softmax_fn,
+    "log_softmax": _softmax_fn,
+    "cumsum": _scan,
+    "cumprod": _scan,
+    "matmul": _matmul,
+    "mm": _matmul,
+    "bmm": _matmul,
+    "linear": _linear_fn,
+    "max_pool1d": _pool_fn,
+    "max_pool2d": _pool_fn,
+    "max_pool3d": _pool_fn,
+    "avg_pool1d": _pool_fn,
+    "avg_pool2d": _pool_fn,
+    "avg_pool3d": _pool_fn,
+    "adaptive_avg_pool1d": lambda L, n: _adaptive_avg(L, n, _arg(n, 1, "output_size"), 1),
+    "adaptive_avg_pool2d": lambda L, n: _adaptive_avg(L, n, _arg(n, 1, "output_size"), 2),
+    "adaptive_avg_pool3d": lambda L, n: _adaptive_avg(L, n, _arg(n, 1, "output_size"), 3),
+    "mse_loss": _mse,
+    "l1_loss": _l1,
+    "smooth_l1_loss": _smooth_l1,
+    "huber_loss": _huber,
+    "kl_div": _kl_div,
+    "cross_entropy": _cross_entropy,
+    "cosine_similarity": _cosine,
+    "scaled_dot_product_attention": _sdpa,
+}
+
+
+def _softmax_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    d = getattr(mod, "dim", None)
+    if d is None:
+        raise _unsupported("nn.Softmax without dim")
+    return _softmax(L, node, isinstance(mod, nn.LogSoftmax), dim=int(d))
+
+
+def _flatten_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    assert isinstance(mod, nn.Flatten)
+    return _flatten(L, node, mod.start_dim, mod.end_dim)
+
+
+def _dropout_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    if mod.training and float(getattr(mod, "p", 0.0)) > 0.0:
+        raise _unsupported("dropout in training mode (random)")
+    return _identity(L, node)
+
+
+def _adaptive_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    name = type(mod).__name__
+    if not name.startswith("AdaptiveAvg"):
+        raise _unsupported(name)
+    return _adaptive_avg(L, node, mod.output_size, int(name[-2]))
+
+
+_MODULE_OPS: dict[str, Callable[[Lowering, fx.Node, nn.Module, str], Val]] = {
+    "Linear": _linear_mod,
+    **{f"Conv{d}d": _conv for d in (1, 2, 3)},
+    **{f"ConvTranspose{d}d": _conv for d in (1, 2, 3)},
+    **{f"MaxPool{d}d": _pool_mod for d in (1, 2, 3)},
+    **{f"AvgPool{d}d": _pool_mod for d in (1, 2, 3)},
+    **{f"AdaptiveAvgPool{d}d": _adaptive_mod for d in (1, 2, 3)},
+    **{f"BatchNorm{d}d": _batch_norm for d in (1, 2, 3)},
+    **{f"InstanceNorm{d}d": _batch_norm for d in (1, 2, 3)},
+    "GroupNorm": _group_norm,
+    "LayerNorm": _layer_norm_mod,
+    "Softmax": _softmax_mod,
+    "LogSoftmax": _softmax_mod,
+    "Flatten": _flatten_mod,
+    "Dropout": _dropout_mod,
+    "Identity": lambda L, n, m, p: _identity(L, n),
+}
+
+__all__ = ["lower_node", "py_value", "reduce", "F"]

@@ -1,0 +1,29 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 16
+in_channels = 32
+input_length = 4096
+kernel_size = 8
+stride = 1
+padding = 4
+
+
+class Model(nn.Module):
+    """Average pooling 1-D."""
+
+    def __init__(self, kernel_size, stride, padding):
+        super().__init__()
+        self.pool = nn.AvgPool1d(kernel_size, stride=stride, padding=padding)
+
+    def forward(self, x):
+        return self.pool(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, input_length)]
+
+
+def get_init_inputs():
+    return [kernel_size, stride, padding]

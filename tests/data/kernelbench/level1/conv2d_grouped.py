@@ -1,0 +1,30 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 16
+in_channels = 32
+out_channels = 64
+groups = 4
+kernel_size = 3
+width = 128
+height = 128
+
+
+class Model(nn.Module):
+    """Grouped 2-D convolution."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, groups):
+        super().__init__()
+        self.conv2d = nn.Conv2d(in_channels, out_channels, kernel_size, padding=1, groups=groups)
+
+    def forward(self, x):
+        return self.conv2d(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, groups]

@@ -1,0 +1,26 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 128
+input_shape = 4000
+dim = 1
+
+
+class Model(nn.Module):
+    """Prefix sum of masked values."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=self.dim)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, input_shape), torch.rand(batch_size, input_shape)]
+
+
+def get_init_inputs():
+    return [dim]

@@ -1,0 +1,25 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+M = 256
+N = 256
+K = 65536
+
+
+class Model(nn.Module):
+    """Matrix multiply with a long inner dimension."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, B):
+        return torch.matmul(A, B)
+
+
+def get_inputs():
+    return [torch.rand(M, K), torch.rand(K, N)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,23 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+N = 1024
+
+
+class Model(nn.Module):
+    """triu(A @ B) of upper-triangular A and B."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, B):
+        return torch.triu(torch.matmul(A, B))
+
+
+def get_inputs():
+    return [torch.triu(torch.rand(N, N)), torch.triu(torch.rand(N, N))]
+
+
+def get_init_inputs():
+    return []

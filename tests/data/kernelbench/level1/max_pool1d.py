@@ -1,0 +1,30 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 16
+features = 32
+length = 4096
+kernel_size = 4
+stride = 2
+padding = 2
+dilation = 3
+
+
+class Model(nn.Module):
+    """Max pooling 1-D with dilation."""
+
+    def __init__(self, kernel_size, stride, padding, dilation):
+        super().__init__()
+        self.pool = nn.MaxPool1d(kernel_size, stride=stride, padding=padding, dilation=dilation)
+
+    def forward(self, x):
+        return self.pool(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features, length)]
+
+
+def get_init_inputs():
+    return [kernel_size, stride, padding, dilation]

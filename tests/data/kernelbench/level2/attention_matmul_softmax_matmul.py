@@ -1,0 +1,26 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 16
+seq_len = 256
+head_dim = 64
+
+
+class Model(nn.Module):
+    """Explicit attention: QK^T / sqrt(d), softmax, times V."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, q, k, v):
+        scores = torch.matmul(q, k.transpose(-2, -1)) / (q.size(-1) ** 0.5)
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, seq_len, head_dim), torch.randn(batch_size, seq_len, head_dim), torch.randn(batch_size, seq_len, head_dim)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,35 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 16
+in_channels = 3
+out_channels = 16
+height = 32
+width = 32
+kernel_size = 3
+divide_by = 2.0
+
+
+class Model(nn.Module):
+    """Conv2d, instance norm, divide by a constant."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, divide_by):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.instance_norm = nn.InstanceNorm2d(out_channels)
+        self.divide_by = divide_by
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = self.instance_norm(x)
+        x = x / self.divide_by
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, divide_by]

@@ -1,0 +1,31 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 128
+in_features = 1024
+out_features = 512
+
+
+class Model(nn.Module):
+    """Linear, batch norm, scale, softmax."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.gemm = nn.Linear(in_features, out_features)
+        self.bn = nn.BatchNorm1d(out_features)
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        x = self.gemm(x)
+        x = self.bn(x)
+        x = self.scale * x
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]
