@@ -458,3 +458,52 @@ def test_pocl_errors_with_random_temp_names_make_one_pattern() -> None:
     [pitfall] = patterns.pitfalls()
     assert "Seen 3 times" in pitfall and "use of undeclared identifier 'undeclared_x'" in pitfall
     assert "tempfile" not in pitfall and "/root" not in pitfall
+
+
+@pytest.mark.slow  # about 10 s on an idle machine (an evaluator, three PoCL compiles)
+def test_on_pocl_three_identical_compile_errors_make_one_pitfall_that_reaches_the_next_prompt(
+    server: LLMServer, tmp_path: Path
+) -> None:
+    from eval_helpers import EXAMPLES, fast_config
+
+    from kfoundry.core.ensemble import build_ensemble
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+
+    problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 2048})
+    broken = [  # three different kernels, one mistake: PoCL compiles each from its own temp file
+        Candidate(source=vecadd(block).replace("+ b[i + k]", "+ undeclared_x"), language="opencl")
+        for block in (32, 64, 128)
+    ]
+    with Evaluator(problem, fast_config(cache=False)) as evaluator:
+        records = evaluator.evaluate_many(broken)
+    assert [r.outcome for r in records] == [Outcome.compile_error] * 3
+    temp_lines = [next(x for x in r.log.splitlines() if "undeclared_x" in x) for r in records]
+    assert len(set(temp_lines)) == 3, temp_lines  # the raw lines differ (temp names) ...
+
+    config = load_config(
+        data={
+            "llms": [
+                {
+                    "name": "openai",
+                    "model": "m",
+                    "options": {
+                        "base_url": server.openai_url,
+                        "api_key_env": "KF_TEST_KEY",
+                        "max_retries": 0,
+                    },
+                }
+            ],
+            "ensemble": {"meta_every": 0},
+        }
+    )
+    ensemble = build_ensemble(config, attach=False)
+    for cand, rec in zip(broken, records, strict=True):
+        ensemble.observe(cand, rec)
+    assert ensemble.prompts is not None
+    [pitfall] = ensemble.prompts.errors.pitfalls()  # ... but make one pattern
+    assert "Seen 3 times" in pitfall and "use of undeclared identifier 'undeclared_x'" in pitfall
+    server.openai.push(Reply(fenced(vecadd())))
+    ensemble.propose(request())
+    prompt = server.calls("openai")[0]["body"]["messages"][1]["content"]
+    assert pitfall.lstrip("- ") in prompt
