@@ -231,7 +231,7 @@ class OptimizeLoop:
         self.extractor = extractor or get_extractor(self.language)
         self.observer = observer
         self.seed_kernel = seed_kernel
-        #: Generator seeds evaluated in generation 0 (default: max(proposals per generation, 8)).
+        #: Generator seeds evaluated in generation 0 (default: :func:`seed_count`).
         self.initial_proposals = initial_proposals
         self.clock = clock
         for ddl in _DDL:
@@ -390,7 +390,7 @@ class OptimizeLoop:
 
             cand = read_candidate(self.seed_kernel).model_copy(update={"generator": "seed", "meta": {"seed": True}})
             pairs.append((ask, Proposal(candidate=cand, generator="seed", rationale=f"naive seed {self.seed_kernel.name}")))
-        request = self._request(ask, 0, 0, avoid).model_copy(update={"n": self.initial_proposals or max(n, 8)})
+        request = self._request(ask, 0, 0, avoid).model_copy(update={"n": self.initial_proposals or seed_count(self.config)})
         pairs += [(ask, p) for p in self.generator.seeds(request)]
         return pairs
 
@@ -623,6 +623,13 @@ def _best_text(best: SearchResult | None) -> str:
     if best is None or not best.record.is_correct:
         return "none correct yet"
     return f"{best.record.speedup or 0:.2f}x ({best.candidate.label})"
+
+
+def seed_count(config: RunConfig) -> int:
+    """Proposals generation 0 asks for: ``proposals_per_generation`` when a language model is among the
+    generators (each is a paid call), at least 8 when only the offline generator proposes (free seeds)."""
+    n = config.budget.proposals_per_generation
+    return n if any(choice.name != "offline" for choice in config.llms) else max(n, 8)
 
 
 # -- run folders -------------------------------------------------------------------------------------

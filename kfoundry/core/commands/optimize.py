@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kfoundry.core.config import RunConfig, load_config
 from kfoundry.core.errors import ConfigError
-from kfoundry.core.loop import OptimizeLoop, Row
+from kfoundry.core.loop import OptimizeLoop, Row, seed_count
 
 if TYPE_CHECKING:
     from kfoundry.api import OptimizeResult
@@ -68,7 +68,7 @@ class RichObserver:
 def budget_total(config: RunConfig) -> int:
     """Evaluations the run plans: seeding, the generations' proposals and the tuning stages."""
     b, t = config.budget, config.tuner
-    planned = max(b.proposals_per_generation, 8) + (b.generations - 1) * b.proposals_per_generation
+    planned = seed_count(config) + (b.generations - 1) * b.proposals_per_generation
     stages = 0 if t.every < 0 else (1 if t.every == 0 else max(1, b.generations // t.every))
     planned += stages * t.elites * t.evaluations
     return min(planned, b.evaluations) if b.evaluations else planned
