@@ -424,6 +424,6 @@ def export(
 ) -> ExportResult:
     """Write RUN_DIR's kernels as an importable package at ``to`` (dispatch by device, dtype and shape,
     reference fallback); ``header`` also writes a C header of per-device, per-shape defines."""
-    from kfoundry.core.export import export_run
+    from kfoundry.core.report.export import export_run
 
     return export_run(Path(run_dir), Path(to), header=header, name=name)

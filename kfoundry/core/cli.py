@@ -31,6 +31,8 @@ COMMAND_MODULES = [
     "kfoundry.core.commands.replay",
     "kfoundry.core.commands.llm_calls",
     "kfoundry.core.commands.doctor",
+    "kfoundry.core.commands.runs",
+    "kfoundry.core.commands.show",
     "kfoundry.mcp.command",
 ]
 

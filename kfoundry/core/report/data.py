@@ -324,3 +324,54 @@ def best_per_shape(run: RunData) -> list[ShapeBest]:
         if best is not None:
             out.append(best)
     return out
+
+
+def run_overview(run_dir: Path) -> dict[str, Any]:
+    """One line of ``kf-run runs``: status, problem, best, when (cheap: no rows are decoded)."""
+    info = read_run_info(run_dir)
+    run_id = str(info["run_id"])
+    out: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "run_id": run_id,
+        "problem": Path(str(info.get("problem", "?"))).stem,
+        "status": "not started",
+        "created_at": None,
+        "evaluations": 0,
+        "best_speedup": None,
+        "best_label": None,
+        "stop_reason": None,
+    }
+    db = run_dir / STORE_FILE
+    if not db.is_file():
+        return out
+    conn = _connect(db)
+    try:
+        run = _rows(conn, "SELECT created_at, problem, status, summary FROM runs WHERE id=?", (run_id,))
+        if run:
+            summary = json.loads(run[0]["summary"] or "{}")
+            out.update(
+                problem=run[0]["problem"] or out["problem"],
+                status=run[0]["status"],
+                created_at=run[0]["created_at"],
+                stop_reason=summary.get("stop_reason"),
+            )
+        state = _rows(conn, "SELECT data FROM loop_state WHERE run_id=?", (run_id,))
+        if state and out["status"] != "finished":
+            out["status"] = json.loads(state[0]["data"]).get("status", out["status"])
+        n = _rows(
+            conn, "SELECT COUNT(*) AS n FROM loop_proposals WHERE run_id=? AND record IS NOT NULL", (run_id,)
+        )
+        out["evaluations"] = int(n[0]["n"]) if n else 0
+        best = _rows(
+            conn,
+            "SELECT label, speedup FROM archive_cells WHERE run_id=? AND outcome='correct' "
+            "ORDER BY speedup DESC LIMIT 1",
+            (run_id,),
+        )
+        if best:
+            out.update(best_speedup=best[0]["speedup"], best_label=best[0]["label"])
+    except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
+        raise RunFolderError(f"{db}: {exc}") from None
+    finally:
+        conn.close()
+    return out
