@@ -248,6 +248,9 @@ class OptimizeLoop:
 
     # -- persistence -------------------------------------------------------------------------------
 
+        best = self.strategy.best
+        #: Fastest correct evaluation logged so far: (speedup, label).
+        self._best_seen = (best.record.speedup or 0.0, best.candidate.label) if best and best.record.is_correct else (0.0, "")
     def _load_state(self) -> LoopState:
         rows = self.store.query("SELECT data FROM loop_state WHERE run_id=?", (self.run_id,))
         return LoopState.model_validate_json(rows[0]["data"]) if rows else LoopState()
@@ -516,7 +519,10 @@ class OptimizeLoop:
         budget = self.config.budget.evaluations
         of = f"/{budget}" if budget else ""
         log.info("gen %d eval %d%s: %s%s -> %s%s (best %s)", row.generation, self.evaluations, of, label, params,
-                 verdict, " (cached)" if rec is not None and rec.cached else "", _best_text(self.strategy.best))
+                 verdict, " (cached)" if rec is not None and rec.cached else "", best)
+        if rec is not None and rec.is_correct and (rec.speedup or 0) > self._best_seen[0]:
+            self._best_seen = (rec.speedup or 0.0, label)
+        best = f"{self._best_seen[0]:.2f}x ({self._best_seen[1]})" if self._best_seen[1] else "none correct yet"
 
     def _recover_seed_record(self) -> None:
         for row in self.rows(0):
