@@ -7,10 +7,12 @@ namespace) and only then executes candidate code. It answers the judge's command
 :class:`~kfoundry.core.evaluation.channel.Channel`:
 
 - ``arena`` (+ a memfd): map the shared input arena;
-- ``slots``: build argument lists over the arena (views, no copies);
+- ``slots``: build argument lists over the arena (views, no copies); on a GPU with CUDA IPC, tensor
+  arguments are the judge's own device buffers instead, opened from the handles it sends;
 - ``call``: drop the previous call's outputs, run ``model(*slot)`` for each slot in order, synchronise,
   and say where each output lives (address, dtype, shape, stride); the judge reads them itself;
-- ``fetch``: copy device outputs to host memory (device backends only);
+- ``fetch``: copy device outputs to host memory (device backends without CUDA IPC only; with it, each
+  call's answer carries an IPC handle per output and the judge copies outputs out itself);
 - ``exit``.
 
 Nothing the runner says is trusted: the judge validates every reply, reads outputs out of the frozen
@@ -32,6 +34,7 @@ from kfoundry.core.backend import Backend, CompileFailed, KernelModule
 from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation.arena import RunnerArena, dtype_name
 from kfoundry.core.evaluation.channel import Channel, ChannelClosed
+from kfoundry.core.evaluation.device_share import RunnerShares
 from kfoundry.core.evaluation.guard import ForwardGuard
 from kfoundry.core.evaluation.jobs import EvalJob
 from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list, load_problem
@@ -112,6 +115,7 @@ class Runner:
         self.recorder = _Recorder(backend)
         #: built once, before candidate code runs (its flush buffer and events are reused)
         self.device_timer = device_timer
+        self.shares = RunnerShares(backend.torch_device) if _ipc_usable(backend) else None
 
     # -- building --------------------------------------------------------------------------------
 
@@ -187,17 +191,40 @@ class Runner:
             self.backend.synchronize()
             for outs in self.outputs:
                 described.append([describe(o) for o in outs])
+            shares = self._share(self.outputs)
         except KfError as exc:
             return {"error": str(exc), "kind": "runtime_error"}
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}", "kind": "runtime_error", "log": candidate_traceback(exc)}
         reply: dict[str, Any] = {"ok": True, "outs": described, "launches": self.recorder.launches - launched}
+        if shares is not None:
+            reply["shares"] = shares
         if timer is not None:
             reply["device_ms"] = device_ms
         if guard is not None:
             reply["forbidden"] = guard.forbidden[:20]
             reply["threads"] = guard.threads[:20]
         return reply
+
+    def _share(self, outputs: list[list[Any]]) -> list[list[Any]] | None:
+        """An IPC handle per device output (None where one cannot be made), with CUDA IPC only."""
+        if self.shares is None:
+            return None
+        shares = self.shares
+        return [[shares.export(o) if type(o) is torch.Tensor and o.is_cuda else None for o in outs] for outs in outputs]
+
+    def slots_from(self, message: dict[str, Any]) -> None:
+        """Argument lists over the arena; tensor arguments on the judge's device buffers where it sent them."""
+        assert self.arena is not None
+        device = message.get("device")
+        for i, descriptor in enumerate(message["slots"]):
+            args = self.arena.arguments(descriptor)
+            if isinstance(device, list) and self.shares is not None:
+                shares = self.shares
+                index = len(self.slots)
+                self.device_slots[index] = [shares.import_input(h) if h is not None else a
+                                            for a, h in zip(args, device[i], strict=True)]
+            self.slots.append(args)
 
     def fetch(self, calls: list[int]) -> dict[str, Any]:
         """Host copies of the given calls' device outputs (device backends only)."""
@@ -234,8 +261,7 @@ class Runner:
                 self.device_slots = {}
                 reply: dict[str, Any] = {"ok": True}
             elif op == "slots":
-                assert self.arena is not None
-                self.slots.extend(self.arena.arguments(d) for d in message["slots"])
+                self.slots_from(message)
                 reply = {"ok": True}
             elif op == "stage":
                 reply = self.stage(list(message["slots"]))
@@ -268,6 +294,13 @@ def _device_timer(backend: Backend) -> Any:
         return backend.device_timer()
     except Exception:
         return None
+
+
+def _ipc_usable(backend: Backend) -> bool:
+    """Whether outputs and inputs cross by CUDA IPC (a CUDA backend with cuda-python)."""
+    from kfoundry.core.evaluation import device_share
+
+    return backend.torch_device.startswith("cuda") and device_share.available()
 
 
 def _timer_overhead_ms(timer: Any) -> float | None:
@@ -319,7 +352,8 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         runtime.set_backend(backend)
         timer = _device_timer(backend)
         chan.send({"op": "ready", "torch_device": backend.torch_device, "in_force": report.in_force,
-                   "notes": report.notes, "timer_overhead_ms": _timer_overhead_ms(timer)})
+                   "notes": report.notes, "timer_overhead_ms": _timer_overhead_ms(timer),
+                   "ipc": _ipc_usable(backend)})
         while True:  # the judge measures what an exchange costs while nothing untrusted runs here
             message = chan.recv()
             if message.get("op") != "calibrate":

@@ -12,6 +12,13 @@ the clock. Per call the judge
    running when the answer comes is still undone when the judge looks,
 3. reads the outputs straight out of the frozen runner's memory and checks them.
 
+On a GPU (CUDA) the inputs are the judge's own device buffers, shared by CUDA IPC and rewritten while
+the runner is frozen; each answer names an IPC handle per output, which the judge opens and copies
+itself (:mod:`.device_share`), so the runner is never thawed between a call and the check of its
+outputs. Each clocked exchange ends only when a probe in the judge's own context finds the GPU idle
+(work left queued on any stream is clocked), and a timed batch counts the judge's clock less what
+the same exchange cost before candidate code ran, or the device events where they are larger.
+
 Correctness runs many trials (the problem's inputs, boundary shapes, unaligned starts, signed,
 normal, huge, tiny and NaN/Inf inputs, more for cheap kernels within a time budget); timing runs
 batches of calls on distinct fresh inputs and verifies a random sample of every batch, plus its last
@@ -26,14 +33,14 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from kfoundry.core.errors import KfError
-from kfoundry.core.evaluation import confine, procmem
+from kfoundry.core.evaluation import confine, device_share, extensions, procmem
 from kfoundry.core.evaluation.arena import ARENA_NAME, DTYPES, Arena, view_of
 from kfoundry.core.evaluation.channel import Channel, ChannelClosed, ChannelTimeout, channel_pair
 from kfoundry.core.evaluation.jobs import EvalJob, JobResult
@@ -116,10 +123,13 @@ class RunnerHandle:
         except ChannelClosed:
             raise JobFailed(self.crashed()) from None
 
-    def exchange(self, message: dict[str, Any], fds: list[int] | None = None) -> tuple[dict[str, Any], int]:
+    def exchange(
+        self, message: dict[str, Any], fds: list[int] | None = None, settle: Callable[[], object] | None = None
+    ) -> tuple[dict[str, Any], int]:
         """Send ``message`` to the thawed runner, wait for its answer, freeze it: (answer, clocked ns).
 
-        The clock starts before the runner is thawed and stops when the answer arrives.
+        The clock starts before the runner is thawed and stops when the answer arrives, or, with
+        ``settle`` (a GPU's idle probe), once the runner is frozen and ``settle`` has returned.
         """
         t0 = _clock_ns()
         self.thaw()
@@ -128,9 +138,13 @@ class RunnerHandle:
         except ChannelClosed:
             raise JobFailed(self.crashed()) from None
         reply = self.receive()
-        elapsed = _clock_ns() - t0
+        if settle is None:
+            elapsed = _clock_ns() - t0
+            self.freeze()
+            return reply, elapsed
         self.freeze()
-        return reply, elapsed
+        settle()
+        return reply, _clock_ns() - t0
 
     def freeze(self) -> None:
         self._frozen_members = confine.freeze_tree(self.pid)
@@ -200,7 +214,32 @@ class Judge:
     disagreement_samples: list[str] = field(default_factory=list)
     sandbox: dict[str, bool] = field(default_factory=dict)
     sandbox_notes: list[str] = field(default_factory=list)
+    #: CUDA IPC: the judge's own input buffers (per slot, per argument) and the idle probe
+    shared: device_share.JudgeBuffers | None = None
+    owned: dict[int, list[device_share.OwnedBuffer | None]] = field(default_factory=dict)
+    probe: device_share.IdleProbe | None = None
+    last_shares: list[Any] = field(default_factory=list)
+    #: per timed batch: (device events, judge's clock less calibrated overheads), ms
+    clock_pairs: list[tuple[float, float]] = field(default_factory=list)
+    #: candidate-built native libraries already inspected
+    inspected: set[str] = field(default_factory=set)
     _phase_start: float = field(default_factory=time.monotonic)
+
+    def check_native(self, when: str) -> None:
+        """Reject a candidate whose own native code computes with a library (runner frozen)."""
+        if self.job.kind != "evaluate":
+            return
+        found = extensions.inspect_runner(self.runner.pid, self.inspected)
+        if found.libraries:
+            self.log.append(f"native code the candidate loaded ({when}): {', '.join(found.libraries)[:600]}")
+        if found.unreadable:
+            self.log.append(f"could not inspect: {', '.join(found.unreadable)[:300]}")
+        if found.offence is not None:
+            raise JobFailed(JobResult(outcome=Outcome.rejected, message=found.offence))
+
+    @property
+    def settle(self) -> Callable[[], object] | None:
+        return self.probe.wait_idle if self.probe is not None else None
 
     def phase(self, name: str) -> None:
         """Record the time since the last phase ended (for the log)."""
@@ -215,6 +254,7 @@ class Judge:
             self.arena.close()
         self.arena = Arena(capacity)
         self.slot_keys = {}
+        self.owned = {}  # earlier buffers stay allocated until the job ends (the runner still maps them)
         reply, _ = self.runner.exchange({"op": "arena", "capacity": self.arena.capacity}, [self.arena.fd])
         self._expect_ok(reply, "mapping the input arena")
         return self.arena
@@ -223,16 +263,34 @@ class Judge:
         assert self.arena is not None
         first = len(self.arena.slots)
         ids = [self.arena.place(v, aligned) for v in values]
-        reply, _ = self.runner.exchange({"op": "slots", "slots": [self.arena.slots[i].descriptor for i in ids]})
+        message: dict[str, Any] = {"op": "slots", "slots": [self.arena.slots[i].descriptor for i in ids]}
+        if self.shared is not None:
+            shared = self.shared
+            for i, v in zip(ids, values, strict=True):
+                self.owned[i] = [shared.allocate(a, aligned) if isinstance(a, torch.Tensor) else None for a in v]
+            self._write_owned(ids, values)
+            message["device"] = [[b.descriptor() if b is not None else None for b in self.owned[i]] for i in ids]
+        reply, _ = self.runner.exchange(message)
         self._expect_ok(reply, "building argument views")
-        if self.device != "cpu":
+        if self.device != "cpu" and self.shared is None:
             reply, _ = self.runner.exchange({"op": "stage", "slots": list(range(first, first + len(ids)))})
             self._expect_ok(reply, "staging inputs on the device")
         return ids
 
+    def _write_owned(self, ids: list[int], values: list[list[Any]]) -> None:
+        for slot, v in zip(ids, values, strict=True):
+            for buffer, value in zip(self.owned[slot], v, strict=True):
+                if buffer is not None:
+                    buffer.tensor.copy_(value.detach().reshape(buffer.tensor.shape))
+        torch.cuda.synchronize()
+
     def write(self, ids: list[int], values: list[list[Any]]) -> None:
-        """Fresh values into slots (runner frozen); device backends then stage them on the device."""
+        """Fresh values into slots (runner frozen); device backends then stage them on the device
+        (with CUDA IPC the judge writes its own device buffers: the runner is not asked)."""
         assert self.arena is not None
+        if self.shared is not None:
+            self._write_owned(ids, values)
+            return
         for slot, v in zip(ids, values, strict=True):
             self.arena.write(slot, v)
         if self.device != "cpu":
@@ -257,12 +315,17 @@ class Judge:
     ) -> tuple[list[list[Any]], int, dict[str, Any]]:
         """Run the given slots on the runner (one clocked exchange): (output descriptors, ns, reply)."""
         message = {"op": "call", "variant": variant, "order": order, "device_timing": device_timing}
-        reply, elapsed = self.runner.exchange(message)
+        reply, elapsed = self.runner.exchange(message, settle=self.settle)
         if reply.get("ok") is not True:
             raise JobFailed(self._error_result(reply, what))
         outs = reply.get("outs")
         if not isinstance(outs, list) or len(outs) != len(order) or not all(isinstance(o, list) for o in outs):
             raise JobFailed(JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed"))
+        if self.shared is not None:
+            shares = reply.get("shares")
+            if not isinstance(shares, list) or len(shares) != len(order) or not all(isinstance(x, list) for x in shares):
+                raise JobFailed(JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed"))
+            self.last_shares = shares
         self._policy(reply, what)
         return outs, elapsed, reply
 
@@ -287,6 +350,8 @@ class Judge:
         """The outputs the runner named, read from its frozen memory (or a Verdict if they cannot be)."""
         if len(described) != len(refs):
             return Verdict(Outcome.wrong_shape, f"returned {len(described)} outputs, expected {len(refs)}")
+        if self.shared is not None:
+            return self._read_shared(described, refs, call_index)
         if self.device != "cpu" and any(d and d[0] == "tensor" and d[-1] != "cpu" for d in described):
             reply, _ = self.runner.exchange({"op": "fetch", "calls": [call_index]})
             fetched = reply.get("outs")
@@ -339,6 +404,56 @@ class Judge:
             outs.append(tensor.to(self.device) if self.device != "cpu" else tensor)
         return outs
 
+    def _read_shared(self, described: list[list[Any]], refs: list[Any], call_index: int) -> list[Any] | Verdict:
+        """Outputs copied out of the frozen runner's device memory through the IPC handles it named."""
+        shares = self.last_shares[call_index] if 0 <= call_index < len(self.last_shares) else None
+        if not isinstance(shares, list) or len(shares) != len(described):
+            return Verdict(Outcome.rejected, "the runner named no shareable memory for its outputs")
+        outs: list[Any] = []
+        for i, (d, ref, share) in enumerate(zip(described, refs, shares, strict=True)):
+            if not isinstance(ref, torch.Tensor):
+                outs.append(None)
+                continue
+            if not isinstance(d, list) or not d or d[0] != "tensor" or len(d) != 6:
+                kind = d[1] if isinstance(d, list) and len(d) > 1 else "value"
+                return Verdict(Outcome.rejected, f"output {i} is a {kind}, not a plain torch.Tensor")
+            _, _address, dtype, shape, stride, where = d
+            if dtype not in DTYPES or not _ints(shape) or not _ints(stride):
+                return Verdict(Outcome.rejected, f"output {i}: malformed description")
+            if list(shape) != list(ref.shape):
+                return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(shape)}, expected {list(ref.shape)}")
+            if DTYPES[dtype] != ref.dtype:
+                return Verdict(Outcome.mismatch, f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}")
+            if not str(where).startswith("cuda"):
+                return Verdict(Outcome.mismatch, f"output {i} is on {where}, expected {self.device}")
+            if ref.numel() == 0:
+                outs.append(torch.empty(ref.shape, dtype=ref.dtype, device=self.device))
+                continue
+            if any(st < 0 for st in stride):
+                return Verdict(Outcome.rejected, f"output {i} has negative strides")
+            if share is None:
+                return Verdict(Outcome.rejected, (f"output {i} is not in a device allocation of the candidate's own "
+                                                  "(an input's memory, or memory that cannot be shared)"))
+            try:
+                outs.append(device_share.read_shared(share, ref.dtype, list(shape), list(stride), self.device))
+            except device_share.ShareError as exc:
+                return Verdict(Outcome.rejected, f"output {i}: {exc}")
+        return outs
+
+    def inputs_changed(self, slot: int, inputs: list[Any]) -> int | None:
+        """The first tensor argument of ``slot`` that no longer holds ``inputs`` (None: all unchanged)."""
+        if self.shared is None:
+            assert self.arena is not None
+            return self.arena.unchanged(slot, inputs)
+        for i, (buffer, value) in enumerate(zip(self.owned[slot], inputs, strict=True)):
+            if buffer is None:
+                continue
+            now, was = buffer.tensor, value.detach().reshape(buffer.tensor.shape)
+            if not torch.equal(now, was) and not (now.dtype.is_floating_point and torch.equal(now.isnan(), was.isnan())
+                                                  and torch.equal(now.nan_to_num(), was.nan_to_num())):
+                return i
+        return None
+
     # -- checks -----------------------------------------------------------------------------------
 
     def reference(self, variant: Variant, inputs: list[Any]) -> tuple[list[Any], list[Any] | None]:
@@ -353,8 +468,7 @@ class Judge:
         outs = self.read_outputs(described, refs, call_index)
         if isinstance(outs, Verdict):
             return None, outs
-        assert self.arena is not None
-        changed = self.arena.unchanged(slot, inputs)
+        changed = self.inputs_changed(slot, inputs)
         if changed is not None:
             return None, Verdict(Outcome.rejected, f"the candidate modified input {changed}")
         ev = self.job.evaluation
@@ -430,7 +544,11 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
                                   log=str(ready.get("log", ""))))
     device = str(ready.get("torch_device", "cpu"))
     runner.freeze()
-    exchange_ms = _calibrate(runner, device) if device != "cpu" else None
+    ipc = ready.get("ipc") is True and device.startswith("cuda") and device_share.available()
+    probe = device_share.IdleProbe(device) if ipc else None
+    if probe is not None:
+        probe.calibrate()
+    exchange_ms = _calibrate(runner, device, probe) if device != "cpu" else None
     built, _ = runner.exchange({"op": "build"})  # candidate code runs from here on: nothing it says is trusted
     variants = []
     for i, problem in enumerate(problems):
@@ -438,6 +556,11 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
         variants.append(Variant(i, problem, reference, _variant_label(problem, problems[0])))
     judge = Judge(job, runner, device, variants)
     judge.exchange_ms = exchange_ms
+    if probe is not None:
+        judge.probe, judge.shared = probe, device_share.JudgeBuffers(device)
+        judge.log.append(f"CUDA IPC: the judge owns the inputs and reads the outputs; idle probe {probe.idle_s * 1e6:.0f} us")
+    elif device != "cpu":
+        judge.log.append("no CUDA IPC here: the runner stages inputs and copies outputs off the device (less isolation)")
     overhead = ready.get("timer_overhead_ms")
     judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
     raw_in_force = ready.get("in_force")
@@ -457,17 +580,19 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     return judge, built
 
 
-def _calibrate(runner: RunnerHandle, device: str, rounds: int = 9) -> float | None:
+def _calibrate(runner: RunnerHandle, device: str, probe: device_share.IdleProbe | None, rounds: int = 9) -> float | None:
     """What one clocked exchange of one device-timed empty call costs beyond its events (ms), measured
     before any candidate code has run in the runner (so nothing can inflate it).
 
     Before each exchange the judge uses the device itself, as it does between timed batches (drawing
-    and copying inputs), so the GPU's switch from the judge's context to the runner's is counted.
+    and copying inputs), so the GPU's switch from the judge's context to the runner's is counted; the
+    exchange ends as timed ones do (with the idle probe, where there is one).
     """
     extra: list[float] = []
+    settle = probe.wait_idle if probe is not None else None
     for _ in range(rounds):
         torch.rand(1 << 20, device=device).cpu()
-        reply, ns = runner.exchange({"op": "calibrate"})
+        reply, ns = runner.exchange({"op": "calibrate"}, settle=settle)
         events = reply.get("device_ms")
         if not isinstance(events, list) or len(events) != 1 or not isinstance(events[0], (int, float)):
             return None
@@ -551,7 +676,7 @@ def _correctness(judge: Judge, plan: TrialPlan) -> str:
         slot = judge.slot_keys[key]
         judge.write([slot], [inputs])
         where = f"{trial.label} ({variant.label})" if trial.variant else trial.label
-        described, _, _ = judge.call(trial.variant, [slot], where)
+        described, _, _ = judge.call(trial.variant, [slot], where, judge.device != "cpu")
         outs, verdict = judge.check_call(variant, slot, inputs, described[0], 0, refs, ref64)
         if verdict is not None:
             judge.log.insert(0, f"trial input seeds: {seeds}")
@@ -611,7 +736,7 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
         t0 = time.monotonic()
         current = refill(slots[:1])
         drawing.append(time.monotonic() - t0)
-        _, ns, _ = judge.call(0, slots[:1], "warm-up")
+        _, ns, _ = judge.call(0, slots[:1], "warm-up", judge.device != "cpu")
         warm.append(ns / 1e9)
     per_call = sorted(warm)[len(warm) // 2]
     per_draw = sorted(drawing)[len(drawing) // 2]
@@ -651,35 +776,42 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     return summarize(samples), calls, verified
 
 
-#: A device clock (CUDA events, read in the runner) may undercut the judge's clock over the same batch
-#: by what an exchange of one empty timed call cost and the timer's own per-call overhead for the
-#: others (both measured before candidate code ran), times this factor, plus these margins; beyond
-#: that the judge's own clock counts, so faked events gain at most the margins.
-DEVICE_OVERHEAD_FACTOR = 1.5
-DEVICE_SLACK_PER_CALL_MS = 0.02
-DEVICE_SLACK_PER_BATCH_MS = 0.5
+#: The judge's clock, less calibrated overheads, beyond the device events by more than this share
+#: (and this many ms) is logged as a disagreement; either way the larger of the two counts.
+DISAGREEMENT_SHARE = 0.03
+DISAGREEMENT_MS = 0.05
 
 
 def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> float:
-    """One timing sample: the judge's clock over the batch, or the device's where the two agree."""
+    """One timing sample (ms per call) from one batch.
+
+    Without calibration (the CPU) it is the judge's clock over the batch. On a device it is the judge's
+    clock less what the same exchange cost with an empty call and the device timer's own per-call
+    overhead (both measured before any candidate code ran, so the candidate cannot inflate them), or
+    the device events where they say more: no allowance a candidate's work could hide in. Faked small
+    events lose to the judge's clock, and work on another stream or left queued is on the judge's clock
+    (the exchange ends only once the GPU is idle).
+    """
     host = wall_ms / batch
     overhead, exchange = judge.timer_overhead_ms, judge.exchange_ms
-    if overhead is None or exchange is None or not isinstance(device_ms, list) or len(device_ms) != batch:
+    if overhead is None or exchange is None:
         return host
-    if not all(isinstance(x, (int, float)) for x in device_ms):
-        return host
-    events = float(sum(device_ms))
-    if events <= 0 or events > wall_ms:
-        return host
-    allowed = DEVICE_OVERHEAD_FACTOR * (exchange + (batch - 1) * overhead) + DEVICE_SLACK_PER_CALL_MS * batch
-    allowed += DEVICE_SLACK_PER_BATCH_MS
-    if events + allowed < wall_ms:
+    charged = max(wall_ms - exchange - (batch - 1) * overhead, 1e-6)
+    events = None
+    if isinstance(device_ms, list) and len(device_ms) == batch and all(isinstance(x, (int, float)) for x in device_ms):
+        events = float(sum(device_ms))
+    if events is None or not 0 < events <= wall_ms:
         judge.clock_disagreements += 1
         if len(judge.disagreement_samples) < 3:
-            judge.disagreement_samples.append(f"{batch} calls: judge {wall_ms:.3f} ms, events {events:.3f} ms, "
-                                              f"allowed {allowed:.3f} ms")
-        return host
-    return events / batch
+            judge.disagreement_samples.append(f"{batch} calls: judge {wall_ms:.3f} ms, events unusable")
+        return charged / batch
+    judge.clock_pairs.append((events, charged))
+    if charged > events * (1 + DISAGREEMENT_SHARE) + DISAGREEMENT_MS:
+        judge.clock_disagreements += 1
+        if len(judge.disagreement_samples) < 3:
+            judge.disagreement_samples.append(f"{batch} calls: judge {charged:.3f} ms net of overheads, "
+                                              f"events {events:.3f} ms")
+    return max(events, charged) / batch
 
 
 # -- the job ------------------------------------------------------------------------------------
@@ -704,6 +836,7 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         except KfError as exc:
             return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
         judge, built = _start(job, runner, plan)
+        judge.check_native("after build")
         compile_s = float(built.get("compile_s") or 0.0)
         judge.phase("start and build")
         if job.kind == "reference":
@@ -713,9 +846,11 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
             result = JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
         else:
             summary = _correctness(judge, plan)
+            judge.check_native("after the correctness trials")
             judge.phase("correctness")
             with _device_lock(job.lock_path):
                 timing, calls, verified = _timing(judge, verify=True)
+            judge.check_native("after timing")
             judge.phase("timing")
             result = JobResult(outcome=Outcome.correct, timing=timing, compile_time_s=compile_s,
                                message=f"{summary}; {calls} timed calls on fresh inputs, {verified} of them verified")
@@ -732,14 +867,21 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         runner.kill()
         if judge is not None and judge.arena is not None:
             judge.arena.close()
+        if judge is not None and judge.shared is not None:
+            with contextlib.suppress(Exception):
+                judge.shared.close()
     if judge is not None:
         result.sandbox, result.sandbox_notes = judge.sandbox, judge.sandbox_notes
     if isinstance(built.get("resources"), dict):
         result.resources = built["resources"]
     if judge is not None and judge.clock_disagreements:
         judge.log.append(f"device clock undercut the judge's clock in {judge.clock_disagreements} timed batches: "
-                         "the judge's clock was used there (" + "; ".join(judge.disagreement_samples)
+                         "the judge's clock counted there (" + "; ".join(judge.disagreement_samples)
                          + f"; exchange overhead {judge.exchange_ms} ms, timer overhead {judge.timer_overhead_ms} ms)")
+    if judge is not None and judge.clock_pairs:
+        ratios = sorted(c / e for e, c in judge.clock_pairs)
+        judge.log.append(f"judge's clock net of overheads / device events over {len(ratios)} batches: median "
+                         f"{ratios[len(ratios) // 2]:.4f}, range {ratios[0]:.4f}-{ratios[-1]:.4f}")
     if judge is not None and judge.phases:
         judge.log.append("judge phases: " + ", ".join(f"{name} {secs:.2f} s" for name, secs in judge.phases))
     parts = ([*judge.log] if judge else []) + ([str(built.get("log"))] if built.get("log") else []) + ([result.log] if result.log else [])
