@@ -3,12 +3,18 @@ a denser tokenizer, context-length refusals, a base URL without ``/v1``; caps, f
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomli_w
 from llm_server import LLMServer, Reply, Slow, Status, fenced, free_port, vecadd
 
 from kfoundry.core.config import load_config
@@ -507,3 +513,77 @@ def test_on_pocl_three_identical_compile_errors_make_one_pitfall_that_reaches_th
     ensemble.propose(request())
     prompt = server.calls("openai")[0]["body"]["messages"][1]["content"]
     assert pitfall.lstrip("- ") in prompt
+
+
+# -- whole runs through kf-run -------------------------------------------------------------------------
+
+ROOT = Path(__file__).parents[1]
+
+
+def kf_run(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+
+
+def test_kf_run_with_a_base_url_typo_is_one_line_before_any_run_folder(tmp_path: Path) -> None:
+    done = kf_run(
+        str(ROOT / "examples/kernelbench/vector_add.py"),
+        "--set", "llms.0.name=openai", "--set", "llms.0.model=m",
+        "--set", "llms.0.options.base_url=http//127.0.0.1:8000/v1",
+        "--set", f"output_dir={tmp_path / 'runs'}",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "llms[0].options.base_url" in done.stderr and "must start with http://" in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_kf_run_without_a_model_stops_in_one_line_marks_the_run_failed_and_resumes(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    cfg = {
+        "output_dir": str(tmp_path / "runs"),
+        "llms": [
+            {
+                "name": "openai",
+                "model": "m",
+                "options": {"base_url": url, "api_key_env": "", "max_retries": 1, "timeout": 20.0},
+            }
+        ],
+        "ensemble": {"meta_every": 0},
+        "tuner": {"every": -1},
+        "budget": {"generations": 1, "proposals_per_generation": 1},
+        "evaluation": {"trials": 2, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 5, "target_time_s": 0.01,
+                       "rotate_bytes": 0, "timeout_s": 60, "correctness_budget_s": 0.0},
+    }  # fmt: skip
+    config = tmp_path / "run.toml"
+    config.write_bytes(tomli_w.dumps(cfg).encode())
+    problem = str(ROOT / "examples/kernelbench/vector_add.py")
+    done = kf_run(problem, "--config", str(config), "--shape", "N=4096")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: llm openai:m: cannot reach the openai server at " + url), line
+    assert "Connection refused" in line
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    conn = sqlite3.connect(run_dir / "kfoundry.db")
+    status, summary = conn.execute("SELECT status, summary FROM runs").fetchone()
+    assert status == "failed" and "cannot reach" in json.loads(summary)["stop_reason"]
+    assert conn.execute("SELECT COUNT(*) FROM loop_proposals").fetchone()[0] == 0
+    conn.close()
+    with LLMServer(port=port) as srv:  # the server is back: resume finishes the run
+        srv.openai.responder = lambda body: Reply(fenced(vecadd(64, 2)))
+        again = kf_run("resume", str(run_dir))
+        assert len(srv.calls("openai")) == 1  # generation 0 follows proposals_per_generation
+    assert again.returncode == 0, again.stderr[-3000:]
+    conn = sqlite3.connect(run_dir / "kfoundry.db")
+    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
+    outcomes = [r[0] for r in conn.execute("SELECT json_extract(record, '$.outcome') FROM loop_proposals")]
+    assert outcomes.count("correct") >= 1 and len(outcomes) >= 1
+    kinds = [r[0] for r in conn.execute("SELECT error_kind FROM llm_calls ORDER BY seq")]
+    assert kinds == ["unreachable", None]
+    assert "LLM: 1 calls, 1 failed (1 unreachable)" in again.stdout

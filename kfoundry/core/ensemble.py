@@ -416,6 +416,8 @@ def build_ensemble(
     for call in recorder.previous:  # a resumed run: what was spent before counts against the caps
         if call.error_kind != "budget" and (call.tokens_in or call.tokens_out):
             ledger.add(call.member, call.tokens_in, call.tokens_out, call.cost_usd)
+        elif call.error_kind not in (None, "budget"):  # and its failed calls count in the summary
+            ledger.fail(call.member, call.error_kind)
     members: list[Member] = []
     for choice, name in zip(config.llms, _member_names(config), strict=True):
         generator = manager.get("llm", choice.name).build(choice.options)
