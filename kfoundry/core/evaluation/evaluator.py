@@ -32,6 +32,9 @@ from kfoundry.core.plugins import PluginKind, get_plugin_manager
 from kfoundry.core.problem import Problem
 from kfoundry.core.store import Store
 
+#: A flagged kernel's second (differential) measurement may be at most this many times slower.
+REMEASURE_TOLERANCE = 1.3
+
 
 class EvaluationError(KfError):
     """The evaluation itself cannot proceed (for example: the reference fails on this device)."""
@@ -227,8 +230,37 @@ class Evaluator:
             for (i, key), result in zip(pending, results, strict=True):
                 if _environment_failure(result):  # stored, but never served from the cache
                     key = f"{key}-env"
-                records[i] = self._finish(candidates[i], self._record(candidates[i], key, result))
+                record = self._record(candidates[i], key, result)
+                if record.roofline_flag:
+                    record = self._remeasure(candidates[i], key, record)
+                records[i] = self._finish(candidates[i], record)
         return [r for r in records if r is not None]
+
+    def _remeasure(self, candidate: Candidate, key: str, first: EvalRecord) -> EvalRecord:
+        """A flagged kernel measured again, in a fresh job, by the differential method.
+
+        Kept (with the slower of the two times) only if the second measurement is correct and not
+        more than :data:`REMEASURE_TOLERANCE` times slower than the first; otherwise rejected, with
+        both times, so it can never become an elite or be exported.
+        """
+        assert first.timing is not None
+        job = self._job("evaluate", candidate).model_copy(update={"timing_method": "differential"})
+        second = self.executor.run([job])[0]
+        if second.outcome is not Outcome.correct or second.timing is None:
+            return self._record(candidate, key, JobResult(outcome=Outcome.rejected, log=second.log, message=(
+                f"flagged ({first.speedup:.1f}x) and re-measured by the differential method: {second.message}")))
+        ratio = second.timing.median_ms / first.timing.median_ms
+        if ratio > REMEASURE_TOLERANCE:
+            return self._record(candidate, key, JobResult(outcome=Outcome.rejected, log=first.log, message=(
+                f"flagged ({first.speedup:.1f}x) and re-measured: the differential method took "
+                f"{second.timing.median_ms:.4g} ms per call, {ratio:.2f}x the first measurement "
+                f"({first.timing.median_ms:.4g} ms): the two timing methods disagree")))
+        slower = second if ratio > 1 else None
+        result = JobResult(outcome=Outcome.correct, message=first.message + (
+            f"; flagged, re-measured by the differential method: {second.timing.median_ms:.4g} ms per call "
+            f"({ratio:.2f}x)"), log=first.log, timing=slower.timing if slower else first.timing,
+            compile_time_s=first.compile_time_s, resources=first.resources)
+        return self._record(candidate, key, result)
 
     def close(self) -> None:
         """Release the executor's workers."""

@@ -25,6 +25,10 @@ class EvalJob(BaseModel):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     #: File locked around the timing phase: one benchmark per device at a time.
     lock_path: str | None = None
+    #: ``standard``: batches clocked by the judge (device events where larger); ``differential``: the
+    #: judge's clock over batches of B and 2B calls, their difference per call (no device events, no
+    #: exchange calibration): the independent second measurement of a flagged kernel.
+    timing_method: Literal["standard", "differential"] = "standard"
 
 
 class JobResult(BaseModel):

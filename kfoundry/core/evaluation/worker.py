@@ -740,7 +740,10 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
         warm.append(ns / 1e9)
     per_call = sorted(warm)[len(warm) // 2]
     per_draw = sorted(drawing)[len(drawing) // 2]
+    differential = judge.job.timing_method == "differential"
     batch = int(min(capacity_sets, max(1, -(-ev.batch_time_s // max(per_call, 1e-9)))))
+    if differential:  # batches of b and 2b calls
+        batch = max(2, batch - batch % 2) if capacity_sets >= 2 else 1
     if batch > len(slots):
         more = [variant.problem.make_inputs(secrets.randbits(31), judge.device) for _ in range(batch - len(slots))]
         slots += judge.add_slots(more)
@@ -756,9 +759,18 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     chance = min(1.0, ev.verified_batches / repeats)
     device_timing = judge.device != "cpu"
     for r in range(repeats):
+        if differential and batch >= 2:
+            half = batch // 2
+            current = refill(slots[:half])
+            _, small_ns, _ = judge.call(0, slots[:half], "while timed", device_timing)
+            calls += half
         current = refill(slots)
         described, ns, reply = judge.call(0, slots, "while timed", device_timing)
-        samples.append(_per_call_ms(ns / 1e6, batch, reply.get("device_ms"), judge))
+        if differential and batch >= 2:
+            overhead = judge.timer_overhead_ms if device_timing and judge.timer_overhead_ms is not None else 0.0
+            samples.append(max((ns - small_ns) / 1e6 / half - overhead, 1e-6))
+        else:
+            samples.append(_per_call_ms(ns / 1e6, batch, reply.get("device_ms"), judge))
         calls += batch
         # the final batch always (work left running past its answer is caught), others at random
         if not verify or (r < repeats - 1 and rng.random() >= chance):
