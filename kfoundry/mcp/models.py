@@ -97,15 +97,32 @@ class NoArgs(ToolArgs):
     """A tool without arguments."""
 
 
+_TYPE_TAGS = {"int", "float", "str", "bool", "none", "dict", "list"}
+
+
+def _is_branch(loc: tuple[Any, ...]) -> bool:
+    """Whether ``loc`` ends in a union member's tag (pydantic's loc for each failed member)."""
+    return bool(loc) and isinstance(loc[-1], str) and (loc[-1] in _TYPE_TAGS or "[" in loc[-1])
+
+
 def one_line(exc: ValidationError) -> str:
     """The first validation problem on one line: where it is and what it is."""
-    err = exc.errors()[0]
-    loc = ".".join(str(part) for part in err["loc"]) or "arguments"
+    errors = exc.errors()
+    err = errors[0]
+    loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"unknown argument {loc}"
+        return f"unknown argument {'.'.join(map(str, loc))}"
     if err["type"] == "missing":
-        return f"missing argument {loc}"
+        return f"missing argument {'.'.join(map(str, loc))}"
+    branches = [e for e in errors if _is_branch(tuple(e["loc"])) and tuple(e["loc"])[:-1] == loc[:-1]]
+    if _is_branch(loc) and len(branches) > 1:  # a value matching none of a union's members
+        where = ".".join(map(str, loc[:-1])) or "arguments"
+        tags = [str(e["loc"][-1]) for e in branches]
+        rest = len(errors) - len(branches)
+        more = f" (+{rest} more)" if rest else ""
+        return f"{where}: expected {', '.join(tags[:-1])} or {tags[-1]} (got {err['input']!r}){more}"
+    where = ".".join(map(str, loc)) or "arguments"
     msg = err["msg"].removeprefix("Value error, ")
     got = f" (got {err['input']!r})" if err["type"] != "value_error" else ""
-    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return " ".join(f"{loc}: {msg}{got}{more}".split())
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return " ".join(f"{where}: {msg}{got}{more}".split())

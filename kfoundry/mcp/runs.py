@@ -146,6 +146,8 @@ class RunManager:
                 raise ProblemError(f"seed kernel not found: {args.seed_kernel}")
         run_id, folder = new_run_dir(config, problem.name)
         write_run_file(folder, run_id, path, shapes, config, seed)
+        with Store(folder / STORE_FILE) as store:  # as `kf-run PROBLEM` does before its loop starts
+            store.save_run(run_id, problem.name, config.model_dump(mode="json"))
         argv = [sys.executable, "-c", _CHILD, "resume", str(folder)]
         with open(folder / LOG_FILE, "wb") as log:
             proc = subprocess.Popen(
