@@ -33,7 +33,6 @@ COMMAND_MODULES = [
     "kfoundry.core.commands.doctor",
     "kfoundry.core.commands.runs",
     "kfoundry.core.commands.show",
-    "kfoundry.mcp.command",
 ]
 
 DEFAULT_COMMAND = "optimize"

@@ -1,4 +1,8 @@
-"""``kf-run mcp``: serve kfoundry's tools to an MCP client (a coding agent) over stdio."""
+"""``kf-run mcp``: serve kfoundry's tools to an MCP client (a coding agent) over stdio.
+
+A plugin of kfoundry's own (entry point ``mcp``): the command is added through ``kf_register_commands``.
+This module stays light (click only); the SDK is imported when the command runs.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import sys
 
 import click
 
+from kfoundry import hookimpl
 from kfoundry.core.errors import KfError
 
 
@@ -54,3 +59,9 @@ def command(
     logging.basicConfig(stream=sys.stderr, level=log_level, format="kf-run mcp: %(levelname)s %(message)s")
     settings = ServerSettings.create(runs_root, config_path, overrides)
     anyio.run(serve_stdio, settings)
+
+
+@hookimpl
+def kf_register_commands(cli: click.Group) -> None:
+    """Add ``kf-run mcp``."""
+    cli.add_command(command)
