@@ -39,7 +39,8 @@ for s in "$@"; do
     timer) timeout 200 python3 benchmarks/cuda_examples.py --skip-eval --json "$OUT/timer.json" --markdown "$OUT/timer.md" 2>&1 | grep -v Warning ;;
     inline) timeout "${INLINE_TIMEOUT:-300}" python3 benchmarks/cuda_examples.py --only gelu --inline --no-compile --json "$OUT/inline.json" 2>&1 | grep -v Warning ;;
     offline) timeout "${OFFLINE_TIMEOUT:-480}" python3 benchmarks/cuda_offline.py --out /tmp/kf-runs --wall "${OFFLINE_WALL:-30}" --generations 2 ${ONLY:+--only $ONLY} --json "$OUT/offline.json" 2>&1 | grep -v -i warning ;;
-    trust) timeout 420 python3 benchmarks/cuda_trust_timer.py ${ONLY:+--only $ONLY} --json "$OUT/trust.json" 2>&1 | grep -v Warning ;;
+    cheats) timeout "${CHEATS_TIMEOUT:-420}" python3 benchmarks/cuda_trust_cheats.py ${ONLY:+--only $ONLY} --json "$OUT/cheats.json" 2>&1 | grep -v Warning ;;
+    trust) timeout "${TRUST_TIMEOUT:-420}" python3 benchmarks/cuda_trust_timer.py ${ONLY:+--only $ONLY} --json "$OUT/trust.json" 2>&1 | grep -v Warning ;;
     checkcost) timeout 240 python3 benchmarks/check_cost.py --device cuda --shape batch_size=4096 --shape dim=393216 2>&1 | grep -v Warning ;;
     *) echo "unknown step $s" ;;
   esac
