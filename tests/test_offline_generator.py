@@ -152,12 +152,12 @@ def test_unknown_problem_is_refused_clearly() -> None:
     src = HEADER + textwrap.dedent("""
         class Model(nn.Module):
             def forward(self, x):
-                return torch.cumsum(x, dim=0)
+                return torch.sort(x, dim=0)[0]
         def get_inputs(): return [torch.rand(8)]
         def get_init_inputs(): return []
     """)
     with pytest.raises(GeneratorUnsupported, match="not a known operation family.*LLM"):
-        recognize(ProblemSummary(name="scan", reference_source=src))
+        recognize(ProblemSummary(name="sort", reference_source=src))
 
 
 def _run(source: str, params: dict, ref: types.ModuleType) -> torch.Tensor:

@@ -1301,8 +1301,9 @@ def _sdpa(L: Lowering, node: fx.Node) -> Val:
             f"float m = -INFINITY, l = 0.0f, acc = 0.0f;\n"
             f"        for (kf_long {j} = 0; {j} < {end}; ++{j}) {{\n        {score}\n"
             f"            s = s * {sc};\n"
-            f"            const float mn = {f('fmax')}(m, s); const float corr = {f('exp')}(m - mn);\n"
-            f"            const float pj = {f('exp')}(s - mn);\n"
+            f"            const float mn = {f('fmax')}(m, s);\n"
+            f"            const float corr = m == mn ? 1.0f : {f('exp')}(m - mn);\n"
+            f"            const float pj = s == -INFINITY ? 0.0f : {f('exp')}(s - mn);\n"
             f"            l = l * corr + pj; acc = acc * corr + pj * ({v.load([*vb, j, dv])}); m = mn;\n"
             f"        }}\n        acc = acc / l;"
         )
