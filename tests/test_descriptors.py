@@ -66,10 +66,15 @@ def test_kernel_text_reads_the_kernel_inside_a_modelnew() -> None:
     assert opencl_descriptors().cell(source) == (0, 0, 0)
 
 
-def test_extractors_are_plugins(kf_plugin_manager) -> None:
-    assert set(kf_plugin_manager.registry("descriptor").names()) >= {"opencl", "cuda"}
+def test_extractors_are_plugins(kf_plugin_manager, caplog) -> None:
+    assert set(kf_plugin_manager.registry("descriptor").names()) >= {"opencl", "cuda", "hip", "sycl"}
     assert get_extractor("cuda", kf_plugin_manager).cell(WARP_CU) == (3, 2, 3)
-    assert get_extractor("hip", kf_plugin_manager).cell(TILED_CL) == (2, 3, 1)  # falls back to the C patterns
+    assert get_extractor("hip", kf_plugin_manager).cell(WARP_CU.replace("_sync(0xffffffffu, ", "(")) == (3, 2, 3)
+    with caplog.at_level("WARNING", logger="kfoundry.descriptors"):
+        assert get_extractor("metal", kf_plugin_manager).cell(TILED_CL) == (2, 3, 1)  # the C patterns, said so
+    lines = [r.getMessage() for r in caplog.records if "metal" in r.getMessage()]
+    assert len(lines) == 1 and "no extractor registered for language 'metal'" in lines[0]
+    assert "\n" not in lines[0]
 
 
 def test_measured_descriptors_from_a_record() -> None:

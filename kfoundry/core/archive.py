@@ -2,7 +2,8 @@
 
 An elite is replaced only by a fitter kernel (stage score 0-5 plus speedup when correct, as in the
 published KernelFoundry), so failures stay in the archive until something better lands in their
-cell. The archive serialises to plain data for the loop's resume state and the store.
+cell. The archive knows the descriptor axes it is laid out on (names and bin edges) and serialises
+them with its cells, so a resumed run can tell whether its configuration still describes the archive.
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ def fitness(record: EvalRecord | None) -> float:
 class Archive:
     """Elites keyed by (island, coordinates) on a grid of ``dims`` (e.g. 4x4x4)."""
 
-    def __init__(self, dims: tuple[int, ...] = (4, 4, 4), islands: int = 1) -> None:
+    def __init__(
+        self, dims: tuple[int, ...] = (4, 4, 4), islands: int = 1, axes: list[dict[str, Any]] | None = None
+    ) -> None:
         if not dims or any(d < 1 for d in dims) or islands < 1:
             raise ValueError("archive needs positive dimensions and at least one island")
+        if axes is not None and len(axes) != len(dims):
+            raise ValueError(f"archive has {len(dims)} dimensions but {len(axes)} axes")
         self.dims = tuple(dims)
         self.islands = islands
+        #: The descriptor axes (``{"name", "edges"}``) along ``dims``; None when not recorded.
+        self.axes = [dict(a) for a in axes] if axes is not None else None
         self._cells: dict[tuple[int, Coords], ArchiveCell] = {}
 
     # -- updates -------------------------------------------------------------------------------------
@@ -38,7 +45,12 @@ class Archive:
         return tuple(min(max(int(c), 0), d - 1) for c, d in zip(coords, self.dims, strict=True))
 
     def insert(
-        self, candidate: Candidate, record: EvalRecord, coords: Coords, island: int = 0, migrated: bool = False
+        self,
+        candidate: Candidate,
+        record: EvalRecord,
+        coords: Coords,
+        island: int = 0,
+        migrated: bool = False,
     ) -> bool:
         """Place ``candidate`` in its cell if the cell is empty or it beats the elite; True if placed."""
         key = (island % self.islands, self.clip(coords))
@@ -86,16 +98,23 @@ class Archive:
 
     # -- persistence -----------------------------------------------------------------------------------
 
+    def axis_names(self) -> list[str]:
+        """Names of the axes (``axis0``, ... when they were not recorded)."""
+        return (
+            [str(a["name"]) for a in self.axes] if self.axes else [f"axis{i}" for i in range(len(self.dims))]
+        )
+
     def to_data(self) -> dict[str, Any]:
         return {
             "dims": list(self.dims),
             "islands": self.islands,
+            "axes": self.axes,
             "cells": [c.model_dump(mode="json") for c in self],
         }
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> Archive:
-        archive = cls(tuple(data["dims"]), int(data["islands"]))
+        archive = cls(tuple(data["dims"]), int(data["islands"]), axes=data.get("axes"))
         for raw in data["cells"]:
             cell = ArchiveCell.model_validate(raw)
             archive._cells[(cell.island, tuple(cell.coords))] = cell

@@ -9,21 +9,40 @@ matching (not from runs), each 0-3:
 - ``parallelism``: 0 thread-only, 1 work-group barriers, 2 sub-group / warp intrinsics,
   3 hierarchical (work-group and sub-group levels together).
 
-Extractors are plugins per kernel language (``kf_register_descriptors``); :func:`measured_descriptors`
-adds optional measured features (fraction of the roofline, registers per thread) from a record.
+Extractors are plugins per kernel language (``kf_register_descriptors``), registered by each
+language's backend through :func:`kfoundry.core.behaviour.registry.register_descriptors`; an extractor
+may carry a *measurer* that compiles the kernel and reads the compiled artefact
+(:mod:`kfoundry.core.behaviour`). :func:`measured_descriptors` adds the backend's own report (fraction
+of the roofline, registers, local/private memory) from an evaluation record.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kfoundry.core.models import EvalRecord
 from kfoundry.core.plugins import PluginManager, get_plugin_manager
 
 AXES: tuple[str, ...] = ("memory", "compute", "parallelism")
 LEVELS = 4
+
+log = logging.getLogger("kfoundry.descriptors")
+_warned: set[str] = set()
+
+#: ``measurer(programs, defines, context) -> features | None`` (see :mod:`kfoundry.core.behaviour.measure`).
+Measurer = Callable[[list[str], dict[str, Any], Any], "dict[str, float] | None"]
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time it is seen in this process."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 class DescriptorExtractor(ABC):
@@ -32,6 +51,8 @@ class DescriptorExtractor(ABC):
     language: str = ""
     axes: tuple[str, ...] = AXES
     levels: int = LEVELS
+    #: Compiles a candidate's kernels and returns measured features (None: static patterns only).
+    measurer: Measurer | None = None
 
     @abstractmethod
     def extract(self, source: str) -> dict[str, int]:
@@ -58,6 +79,7 @@ class PatternDescriptors(DescriptorExtractor):
 
     language: str = ""
     patterns: dict[str, list[Pattern]] = field(default_factory=dict)
+    measurer: Measurer | None = None
 
     def __post_init__(self) -> None:
         self._compiled = {
@@ -78,7 +100,14 @@ class PatternDescriptors(DescriptorExtractor):
 
 
 _PY_STRINGS = re.compile(r'r?"""(.*?)"""|r?\'\'\'(.*?)\'\'\'', re.DOTALL)
-_KERNEL_MARKERS = ("__kernel", "__global__", "__device__", "kernel void", "SYCL_EXT_ONEAPI_FUNCTION_PROPERTY", "sycl/sycl.hpp")
+_KERNEL_MARKERS = (
+    "__kernel",
+    "__global__",
+    "__device__",
+    "kernel void",
+    "SYCL_EXT_ONEAPI_FUNCTION_PROPERTY",
+    "sycl/sycl.hpp",
+)
 
 
 def kernel_text(source: str) -> str:
@@ -88,6 +117,14 @@ def kernel_text(source: str) -> str:
     blocks = [a or b for a, b in _PY_STRINGS.findall(source)]
     kernels = [blk for blk in blocks if any(m in blk for m in _KERNEL_MARKERS)]
     return "\n".join(kernels) if kernels else source
+
+
+def kernel_programs(source: str, kind: str = "kernelbench") -> list[str]:
+    """The kernel programs of a candidate: each triple-quoted kernel string of a ``ModelNew``, or ``source``."""
+    if kind == "native" or "ModelNew" not in source:
+        return [source]
+    blocks = [a or b for a, b in _PY_STRINGS.findall(source)]
+    return [blk for blk in blocks if any(m in blk for m in _KERNEL_MARKERS)] or [source]
 
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -155,28 +192,69 @@ CUDA_PATTERNS: dict[str, list[Pattern]] = {
 }
 
 
-def opencl_descriptors() -> PatternDescriptors:
-    return PatternDescriptors(language="opencl", patterns=OPENCL_PATTERNS)
+HIP_PATTERNS: dict[str, list[Pattern]] = {
+    "memory": CUDA_PATTERNS["memory"],
+    "compute": _COMPUTE,
+    "parallelism": [
+        Pattern(1, r"__syncthreads\s*\(", 1.0),
+        Pattern(2, r"__shfl(_xor|_down|_up)?(_sync)?\s*\(|\b__ballot\s*\(|cooperative_groups", 1.0),
+        Pattern(3, r"__shfl(_xor|_down|_up)?(_sync)?\s*\(", 0.5),
+        Pattern(3, r"__syncthreads\s*\(", 0.5),
+        Pattern(3, r"\batomic(Add|Max|Min|CAS)\s*\(", 0.5),
+    ],
+}
 
 
-def cuda_descriptors() -> PatternDescriptors:
-    return PatternDescriptors(language="cuda", patterns=CUDA_PATTERNS)
+def opencl_descriptors(measurer: Measurer | None = None) -> PatternDescriptors:
+    return PatternDescriptors(language="opencl", patterns=OPENCL_PATTERNS, measurer=measurer)
+
+
+def cuda_descriptors(measurer: Measurer | None = None) -> PatternDescriptors:
+    return PatternDescriptors(language="cuda", patterns=CUDA_PATTERNS, measurer=measurer)
+
+
+def hip_descriptors(measurer: Measurer | None = None) -> PatternDescriptors:
+    return PatternDescriptors(language="hip", patterns=HIP_PATTERNS, measurer=measurer)
 
 
 def get_extractor(language: str, manager: PluginManager | None = None) -> DescriptorExtractor:
-    """The registered extractor for ``language``; the OpenCL one when none is registered for it."""
+    """The registered extractor for ``language``; the C patterns, with a one-line warning, when none is."""
     registry = (manager or get_plugin_manager()).registry("descriptor")
     if language in registry:
         return registry.get(language).build()
+    known = ", ".join(registry.names()) or "none"
+    warn_once(
+        f"descriptors: no extractor registered for language {language!r} (registered: {known}); "
+        "its kernels are placed by the OpenCL C patterns"
+    )
     return PatternDescriptors(language=language, patterns=OPENCL_PATTERNS)
 
 
+#: Keys of a backend's per-kernel resource report copied into the record's descriptors (largest kernel's).
+REPORT_KEYS = (
+    "registers",
+    "shared_bytes",
+    "local_mem_bytes",
+    "private_mem_bytes",
+    "preferred_multiple",
+    "spill_stores",
+    "spill_loads",
+    "vgpr_spills",
+    "sgprs",
+    "binary_bytes",
+)
+
+
 def measured_descriptors(record: EvalRecord) -> dict[str, float]:
-    """Optional measured features: fraction of the roofline reached, registers per thread."""
+    """The backend's own report from a record: fraction of the roofline reached, registers, local/private memory."""
     out: dict[str, float] = {}
     if record.roofline_fraction is not None:
         out["roofline_fraction"] = float(record.roofline_fraction)
     for info in record.resources.values() if isinstance(record.resources, dict) else []:
-        if isinstance(info, dict) and isinstance(info.get("registers"), int | float):
-            out["registers"] = max(out.get("registers", 0.0), float(info["registers"]))
+        if not isinstance(info, dict):
+            continue
+        for key in REPORT_KEYS:
+            value = info.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[key] = max(out.get(key, 0.0), float(value))
     return out

@@ -25,8 +25,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from kfoundry.core import hooks
+from kfoundry.core.behaviour.run import check_archive, record_descriptors, space_for_run
 from kfoundry.core.config import RunConfig, build_plugin, resolved_config
-from kfoundry.core.descriptors import AXES, LEVELS, DescriptorExtractor, get_extractor, measured_descriptors
+from kfoundry.core.descriptors import DescriptorExtractor
 from kfoundry.core.errors import KfError
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported
 from kfoundry.core.models import Candidate, EvalRecord, Outcome, Proposal
@@ -228,7 +229,8 @@ class OptimizeLoop:
         self.language = evaluator.backend.language
         self.generator = generator or build_generator(config, store, run_id, self.run_dir, self.language)
         self.strategy = strategy or build_plugin(config.search, "search")
-        self.extractor = extractor or get_extractor(self.language)
+        self.space = space_for_run(self.strategy, self.language, evaluator, problem, extractor)
+        self.extractor = self.space.extractor
         self.observer = observer
         self.seed_kernel = seed_kernel
         #: Generator seeds evaluated in generation 0 (default: :func:`seed_count`).
@@ -239,8 +241,9 @@ class OptimizeLoop:
         self.state = self._load_state()
         if self.state.strategy:
             self.strategy.load_state_dict(self.state.strategy)
+            check_archive(self.strategy.archive, self.space)
         else:
-            self.strategy.setup(tuple([LEVELS] * len(AXES)), config.seed)
+            self.strategy.setup(self.space.dims, config.seed, self.space.describe())
         self._summary = problem.summary()
         self._started = self.clock() - self.state.elapsed_s
         self.seed_record: EvalRecord | None = None
@@ -354,7 +357,7 @@ class OptimizeLoop:
         )
 
     def _cell(self, candidate: Candidate | None) -> tuple[int, ...] | None:
-        return self.extractor.cell(candidate.source) if candidate is not None else None
+        return self.space.cell(candidate) if candidate is not None else None
 
     def plan(self, generation: int) -> list[Row]:
         """Ask the strategy and the generator for this generation's proposals and store them."""
@@ -407,8 +410,7 @@ class OptimizeLoop:
             )
         else:
             record = self.evaluator.evaluate(row.candidate)
-            levels = dict(zip(AXES, row.coords or (), strict=False))
-            record.descriptors = {**{k: float(v) for k, v in levels.items()}, **measured_descriptors(record)}
+            record.descriptors = record_descriptors(self.space, row.candidate, row.coords, record)
             row.record = record
         self._save_record(row)
         if row.candidate is not None and row.candidate.meta.get("seed") and row.record.is_correct:
@@ -416,7 +418,7 @@ class OptimizeLoop:
 
     def _results(self, rows: list[Row]) -> list[SearchResult]:
         return [
-            SearchResult(ask=r.ask, candidate=r.candidate, record=r.record, coords=r.coords or (0,) * len(AXES))
+            SearchResult(ask=r.ask, candidate=r.candidate, record=r.record, coords=r.coords or (0,) * len(self.space.axes))
             for r in rows if r.candidate is not None and r.record is not None
         ]
 

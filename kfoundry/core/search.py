@@ -14,13 +14,33 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kfoundry.core.archive import Archive, Coords, fitness
+from kfoundry.core.behaviour.axes import DescriptorChoice, resolve
 from kfoundry.core.generator import Attempt
 from kfoundry.core.models import ArchiveCell, Candidate, EvalRecord
 
 Mode = Literal["create", "improve", "repair"]
+
+
+class SearchOptions(BaseModel):
+    """Options every search strategy shares: the archive's behaviour descriptors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    descriptors: DescriptorChoice = Field(
+        default="static",
+        description='archive axes: "static" (memory, compute, parallelism from source patterns), "measured" '
+        "(intensity, hierarchy, mix, occupancy from the compiled kernel) or a list of axis names or "
+        "{name, edges} tables",
+    )
+
+    @field_validator("descriptors")
+    @classmethod
+    def _axes(cls, value: DescriptorChoice) -> DescriptorChoice:
+        resolve(value)
+        return value
 
 
 class SearchAsk(BaseModel):
@@ -63,9 +83,9 @@ class SearchStrategy(ABC):
         #: Every correct or failed result seen, as (fitness, candidate hash) of the best so far.
         self.best: SearchResult | None = None
 
-    def setup(self, dims: tuple[int, ...], seed: int) -> None:
-        """Prepare an empty search over a descriptor grid of ``dims``."""
-        self.archive = Archive(dims, self.islands)
+    def setup(self, dims: tuple[int, ...], seed: int, axes: list[dict[str, Any]] | None = None) -> None:
+        """Prepare an empty search over a descriptor grid of ``dims`` (``axes``: names and bin edges)."""
+        self.archive = Archive(dims, self.islands, axes=axes)
         self.seed = seed
 
     @property

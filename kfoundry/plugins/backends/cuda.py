@@ -262,3 +262,10 @@ def kf_register_backends(register: Register) -> None:
         options=CudaOptions,
         description="NVIDIA CUDA C++ (NVRTC or nvcc), launched on PyTorch CUDA tensors",
     )
+
+
+@hookimpl
+def kf_register_descriptors(register: Any) -> None:
+    from kfoundry.core.behaviour.registry import register_descriptors
+
+    register_descriptors(register, "cuda")

@@ -46,6 +46,8 @@ class CompileResult:
     log: str
     compile_time_s: float
     resources: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: The PTX NVRTC emitted on the way (empty from nvcc); read by the measured behaviour descriptors.
+    ptx: str = ""
 
 
 def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
@@ -174,10 +176,15 @@ def compile_nvrtc(source: str, arch: str, options: list[str]) -> CompileResult:
         _nvrtc_check(err, "get cubin size")
         cubin = bytes(bytearray(size))
         _nvrtc_check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
+        err, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = bytes(bytearray(size)) if int(err) == 0 and size > 1 else b""
+        if ptx:
+            nvrtc.nvrtcGetPTX(prog, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     elapsed = time.perf_counter() - started
-    return CompileResult(cubin, arch, "nvrtc", log, elapsed, parse_ptxas_report(log))
+    text = ptx.rstrip(b"\x00").decode(errors="replace")
+    return CompileResult(cubin, arch, "nvrtc", log, elapsed, parse_ptxas_report(log), ptx=text)
 
 
 def compile_nvcc(source: str, arch: str, options: list[str], timeout_s: float = 300.0) -> CompileResult:

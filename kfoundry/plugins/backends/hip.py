@@ -329,3 +329,10 @@ def kf_register_backends(register: Register) -> None:
         options=HipOptions,
         description="AMD HIP C++ (hipcc, HIP_PLATFORM=amd), compile-only: resource report, no AMD GPU to run on",
     )
+
+
+@hookimpl
+def kf_register_descriptors(register: Any) -> None:
+    from kfoundry.core.behaviour.registry import register_descriptors
+
+    register_descriptors(register, "hip")

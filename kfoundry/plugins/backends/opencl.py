@@ -379,3 +379,10 @@ def kf_register_backends(register: Any) -> None:
 @hookimpl
 def kf_register_hardware(register: Any) -> None:
     register("opencl", OpenCLHardware, description="generic OpenCL device profile from clGetDeviceInfo")
+
+
+@hookimpl
+def kf_register_descriptors(register: Any) -> None:
+    from kfoundry.core.behaviour.registry import register_descriptors
+
+    register_descriptors(register, "opencl")

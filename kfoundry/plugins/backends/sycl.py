@@ -846,3 +846,10 @@ def kf_register_backends(register: Any) -> None:
 @hookimpl
 def kf_register_hardware(register: Any) -> None:
     register("sycl", SyclHardware, description="SYCL device profile from the oneAPI runtime")
+
+
+@hookimpl
+def kf_register_descriptors(register: Any) -> None:
+    from kfoundry.core.behaviour.registry import register_descriptors
+
+    register_descriptors(register, "sycl")

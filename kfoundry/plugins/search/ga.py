@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from kfoundry import hookimpl
 from kfoundry.core.archive import fitness
 from kfoundry.core.generator import Attempt
 from kfoundry.core.hookspecs import Register
-from kfoundry.core.search import SearchAsk, SearchResult, SearchStrategy, mode_for
+from kfoundry.core.search import SearchAsk, SearchOptions, SearchResult, SearchStrategy, mode_for
 
 
-class GAOptions(BaseModel):
+class GAOptions(SearchOptions):
     """Options of the ``ga`` search."""
 
     model_config = ConfigDict(extra="forbid")

@@ -11,19 +11,25 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from kfoundry import hookimpl
 from kfoundry.core.archive import Coords, fitness
 from kfoundry.core.hookspecs import Register
 from kfoundry.core.models import ArchiveCell
-from kfoundry.core.search import SearchAsk, SearchResult, SearchStrategy, attempt, mode_for, tournament
+from kfoundry.core.search import (
+    SearchAsk,
+    SearchOptions,
+    SearchResult,
+    SearchStrategy,
+    attempt,
+    mode_for,
+    tournament,
+)
 
 
-class MapElitesOptions(BaseModel):
+class MapElitesOptions(SearchOptions):
     """Options of the ``map_elites`` search."""
-
-    model_config = ConfigDict(extra="forbid")
 
     islands: int = Field(default=4, ge=1, description="independent archives with migration")
     exploitation: float = Field(default=0.7, ge=0, le=1, description="share of fit-elite improvements")

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from kfoundry import hookimpl
 from kfoundry.core.generator import Attempt
 from kfoundry.core.hookspecs import Register
-from kfoundry.core.search import SearchAsk, SearchResult, SearchStrategy
+from kfoundry.core.search import SearchAsk, SearchOptions, SearchResult, SearchStrategy
 
 
-class RandomOptions(BaseModel):
+class RandomOptions(SearchOptions):
     """Options of the ``random_search`` baseline."""
 
     model_config = ConfigDict(extra="forbid")
