@@ -9,7 +9,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,12 +101,10 @@ def test_never_started_server_is_one_line_naming_provider_url_and_error(api: str
     port = free_port()
     url = f"http://127.0.0.1:{port}" + ("/v1" if api == "openai" else "")
     p = make(api, url, tmp_path)
-    start = time.monotonic()
     with pytest.raises(ModelUnreachable) as err:
         p.propose(request(n=3))
     msg = str(err.value)
     assert "\n" not in msg and api in msg and f"127.0.0.1:{port}" in msg and "Connection refused" in msg, msg
-    assert time.monotonic() - start < 10
     [call] = load_recording(tmp_path / "calls.jsonl")  # the first call stopped it: nothing more was asked
     assert call.error_kind == "unreachable" and call.attempts == 3
     assert p.ledger.failures["unreachable"] == 1 and p.ledger.total.failed == 1
