@@ -19,7 +19,9 @@ from kfoundry.plugins.llms.anthropic_provider import AnthropicOptions, Anthropic
 from kfoundry.plugins.llms.openai_provider import OpenAIOptions, OpenAIProvider
 
 KEY = "sk-kftest-7f3a9c2e5b1d4f60"
-REFERENCE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, a, b):\n        return a + b\n"
+REFERENCE = (
+    "import torch\nclass Model(torch.nn.Module):\n    def forward(self, a, b):\n        return a + b\n"
+)
 
 
 def request(n: int = 1) -> GenerationRequest:
@@ -54,7 +56,9 @@ def route(srv: LLMServer, api: str):  # noqa: ANN201
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
-def test_reply_becomes_a_candidate_with_usage_cost_and_record(api: str, server: LLMServer, tmp_path: Path) -> None:
+def test_reply_becomes_a_candidate_with_usage_cost_and_record(
+    api: str, server: LLMServer, tmp_path: Path
+) -> None:
     route(server, api).push(Reply(fenced(vecadd(128, 2)), tokens_in=1000, tokens_out=200))
     p = make(api, server, tmp_path, price=Price(input_per_mtok=2.0, output_per_mtok=10.0))
     [prop] = p.propose(request())
@@ -67,16 +71,16 @@ def test_reply_becomes_a_candidate_with_usage_cost_and_record(api: str, server: 
     assert body["model"] == f"{api}-model"
     assert "kfoundry.runtime" in json.dumps(body)  # the prompt teaches the runtime
     [call] = load_recording(tmp_path / "calls.jsonl")
-    assert call.response == fenced(vecadd(128, 2)) and call.tokens_in == 1000 and call.cost_usd == prop.cost_usd
+    assert (
+        call.response == fenced(vecadd(128, 2)) and call.tokens_in == 1000 and call.cost_usd == prop.cost_usd
+    )
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_retries_429_with_retry_after_500_and_garbage_then_succeeds(
     api: str, server: LLMServer, tmp_path: Path
 ) -> None:
-    route(server, api).push(
-        Status(429, retry_after=0.05), Status(500), Garbage(), Reply(fenced(vecadd()))
-    )
+    route(server, api).push(Status(429, retry_after=0.05), Status(500), Garbage(), Reply(fenced(vecadd())))
     p = make(api, server, tmp_path)
     waits: list[float] = []
     p.retry.sleep = waits.append
@@ -89,7 +93,9 @@ def test_retries_429_with_retry_after_500_and_garbage_then_succeeds(
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
-def test_non_json_content_type_is_retried_not_returned_as_str(api: str, server: LLMServer, tmp_path: Path) -> None:
+def test_non_json_content_type_is_retried_not_returned_as_str(
+    api: str, server: LLMServer, tmp_path: Path
+) -> None:
     route(server, api).push(Garbage("plain text body", content_type="text/plain"), Reply(fenced(vecadd())))
     [prop] = make(api, server, tmp_path).propose(request())
     assert prop.candidate is not None and len(server.calls(api)) == 2
@@ -106,7 +112,9 @@ def test_slow_response_times_out_and_is_retried(api: str, server: LLMServer, tmp
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
-def test_exhausted_retries_yield_no_proposal_and_a_recorded_error(api: str, server: LLMServer, tmp_path: Path) -> None:
+def test_exhausted_retries_yield_no_proposal_and_a_recorded_error(
+    api: str, server: LLMServer, tmp_path: Path
+) -> None:
     route(server, api).push(*[Status(503)] * 3)
     p = make(api, server, tmp_path, max_retries=2)
     assert p.propose(request()) == []
@@ -137,13 +145,17 @@ def test_refused_request_is_skipped_not_fatal(api: str, server: LLMServer, tmp_p
     assert load_recording(tmp_path / "calls.jsonl")[0].error_kind == "refused"
 
 
-def test_missing_key_variable_is_a_config_error(server: LLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_key_variable_is_a_config_error(
+    server: LLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KF_TEST_KEY")
     with pytest.raises(Exception, match="environment variable KF_TEST_KEY is not set"):
         make("openai", server, tmp_path).propose(request())
 
 
-def test_garbage_reply_is_a_parse_error_proposal_and_next_prompt_says_why(server: LLMServer, tmp_path: Path) -> None:
+def test_garbage_reply_is_a_parse_error_proposal_and_next_prompt_says_why(
+    server: LLMServer, tmp_path: Path
+) -> None:
     server.openai.push(Reply("Sorry, here is my idea in words only."), Reply(fenced(vecadd())))
     p = make("openai", server, tmp_path)
     [bad] = p.propose(request())
@@ -189,7 +201,9 @@ def test_money_cap(server: LLMServer, tmp_path: Path) -> None:
 def test_key_never_reaches_store_recording_or_errors(server: LLMServer, tmp_path: Path) -> None:
     store = Store(tmp_path / "store.sqlite")
     rec = Recorder(store, tmp_path / "calls.jsonl", run_id="r1")
-    server.openai.push(Reply(f"{KEY} echoed back by a hostile server?\n" + fenced(vecadd())), Status(500, f"bad {KEY}"))
+    server.openai.push(
+        Reply(f"{KEY} echoed back by a hostile server?\n" + fenced(vecadd())), Status(500, f"bad {KEY}")
+    )
     server.openai.push(Status(500), Status(500), Status(500))
     p = make("openai", server, tmp_path, max_retries=0)
     p.configure(recorder=rec)
@@ -233,7 +247,9 @@ def test_denser_prompts_than_assumed_tighten_the_estimate(server: LLMServer, tmp
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
-@pytest.mark.parametrize("body", ['{"foo": 1}', '{"choices": "x", "content": null, "usage": null}', "[1, 2]", '"text"'])
+@pytest.mark.parametrize(
+    "body", ['{"foo": 1}', '{"choices": "x", "content": null, "usage": null}', "[1, 2]", '"text"']
+)
 def test_json_of_the_wrong_shape_is_retried(api: str, body: str, server: LLMServer, tmp_path: Path) -> None:
     route(server, api).push(Garbage(body), Reply(fenced(vecadd())))
     [prop] = make(api, server, tmp_path).propose(request())
