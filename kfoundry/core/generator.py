@@ -83,3 +83,22 @@ class Generator(ABC):
     def seeds(self, request: GenerationRequest) -> list[Proposal]:
         """Initial proposals for an empty archive (default: ``propose`` in create mode)."""
         return self.propose(request.model_copy(update={"mode": "create"}))
+
+    def check(self, problem: ProblemSummary, language: str) -> None:
+        """Raise :class:`GeneratorUnsupported` (one line) if this generator cannot handle ``problem`` at all
+        (default: it can). Called before a run folder exists, so it must not load the problem's inputs."""
+        return None
+
+
+def refuse_unsupported(generators: list[Generator], problem: ProblemSummary, language: str) -> None:
+    """Raise the first refusal when every generator in ``generators`` refuses ``problem`` (their ``check``)."""
+    refusals: list[str] = []
+    for generator in generators:
+        try:
+            generator.check(problem, language)
+        except GeneratorUnsupported as exc:
+            refusals.append(str(exc))
+        else:
+            return
+    if refusals:
+        raise GeneratorUnsupported(refusals[0])

@@ -94,6 +94,12 @@ class OfflineGenerator(Generator):
             self._cells[key] = extractor.cell(recipe.render())
         return self._cells[key]
 
+    def check(self, problem: ProblemSummary, language: str) -> None:
+        """Raise :class:`GeneratorUnsupported` (one line) unless the cookbook has a recipe for ``problem``:
+        the recognition entry point ``kf-run`` calls before it creates a run folder (traces on the meta
+        device, so nothing full-size is allocated)."""
+        self.recipes(problem, language)
+
     # -- the generator contract ------------------------------------------------------------------------
 
     def seeds(self, request: GenerationRequest) -> list[Proposal]:

@@ -92,7 +92,7 @@ def py_value(L: Lowering, node: fx.Node) -> PyVal:
             ),
         )
     else:
-        raise _unsupported(f"op {getattr(t, '__name__', t)} (non-tensor result)")
+        raise _unsupported(f"op {getattr(t, '__name__', t)}")
     L.fwd(f"P{n} = {expr}")
     return PyVal(value, f"P{n}")
 

@@ -1,0 +1,174 @@
+"""The offline generator over our own KernelBench-format problems (tests/data/kernelbench), one process.
+
+For each problem: the recipes of the offline generator for the backend's language, each checked against
+the eager reference and timed (median of CUDA events on the GPU, wall clock on PoCL); the table shows the
+best correct recipe's time, its speed against eager PyTorch and torch.compile, its speedup over the naive
+recipe, and its share of the roofline (bytes over measured copy bandwidth or FLOPs over the fp32 peak).
+
+    python benchmarks/kernelbench.py --backend cuda                 # the H200, problems' own sizes
+    python benchmarks/kernelbench.py --backend opencl --small       # PoCL, tests/data small shapes
+    python benchmarks/kernelbench.py --backend opencl --small -k conv --level level2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "kernelbench"
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
+    def gpu(fn: Callable[[], Any], repeats: int) -> float:
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    def host(fn: Callable[[], Any], repeats: int) -> float:
+        from kfoundry.runtime import synchronize
+
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    return gpu if device.type == "cuda" else host
+
+
+def _time(fn: Callable[[], Any], timer: Callable[[Callable[[], Any], int], float], budget_s: float) -> float:
+    fn()  # compile / warm up
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-6)
+    repeats = int(min(200, max(3, budget_s / one)))
+    return timer(fn, repeats)
+
+
+def _copy_gbps(device: torch.device, timer: Callable[[Callable[[], Any], int], float]) -> float:
+    n = (256 << 20) // 4 if device.type == "cuda" else (16 << 20) // 4
+    a = torch.empty(n, device=device)
+    b = torch.empty_like(a)
+    ms = _time(lambda: b.copy_(a), timer, 0.5)
+    return 2 * a.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def _fp32_gflops(device: torch.device, timer: Callable[[Callable[[], Any], int], float]) -> float:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n = 4096 if device.type == "cuda" else 512
+    a = torch.rand(n, n, device=device)
+    ms = _time(lambda: a @ a, timer, 0.5)
+    return 2 * n**3 / (ms * 1e-3) / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "opencl"])
+    ap.add_argument("--small", action="store_true", help="use tests/data/kernelbench/small_shapes.json")
+    ap.add_argument("--level", action="append", help="level1 / level2 (default both)")
+    ap.add_argument("-k", default="", help="only problems whose name contains this")
+    ap.add_argument("--budget-s", type=float, default=0.3, help="timing budget per measurement")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    args = ap.parse_args(argv)
+
+    from kfoundry.core.plugins import get_plugin
+    from kfoundry.core.problem import load_problem
+    from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+    from kfoundry.runtime import load, set_backend
+
+    backend = get_plugin("backend", args.backend).build({})
+    backend.require_device()
+    set_backend(backend)
+    device = torch.device(backend.torch_device)
+    timer = _timer(device)
+    bw, peak = _copy_gbps(device, timer), _fp32_gflops(device, timer)
+    lang = "cuda" if args.backend == "cuda" else "opencl"
+    small = json.loads((DATA / "small_shapes.json").read_text()) if args.small else {}
+    print(f"# backend {args.backend} ({device}), copy {bw:.0f} GB/s, fp32 matmul {peak:.0f} GFLOP/s")
+    print("| problem | recipe | ms | x eager | x torch.compile | x naive | roofline share |")
+    print("|---|---|---|---|---|---|---|")
+    rows: list[dict[str, Any]] = []
+    levels = args.level or ["level1", "level2"]
+    gen = OfflineGenerator()
+    for path in sorted(p for lvl in levels for p in (DATA / lvl).glob("*.py")):
+        key = f"{path.parent.name}/{path.name}"
+        if args.k not in key:
+            continue
+        row: dict[str, Any] = {"problem": key}
+        try:
+            problem = load_problem(path, small.get(key, {}))
+            torch.manual_seed(0)
+            ref = problem.make_reference().to(device)
+            inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem.make_inputs(1)]
+            with torch.no_grad():
+                expected = ref(*inputs)
+            recipes = gen.recipes(problem.summary(), lang)
+            eager = _time(lambda: ref(*inputs), timer, args.budget_s)
+            compiled_ms = math.nan
+            if not args.no_compile:
+                try:
+                    compiled = torch.compile(ref)
+                    compiled_ms = _time(lambda: compiled(*inputs), timer, args.budget_s)
+                except Exception as exc:  # no C++ toolchain on the host, a graph break that fails...
+                    row["compile_error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
+            times: dict[str, float] = {}
+            for recipe in recipes:
+                namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+                exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+                torch.manual_seed(0)
+                model = namespace["ModelNew"](*problem.make_init_inputs()).to(device)
+                with torch.no_grad():
+                    got = model(*inputs)
+                    ok = got.shape == expected.shape and torch.allclose(
+                        got.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=True)
+                    if not ok:
+                        err = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else -1
+                        row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
+                    else:
+                        times[recipe.name] = _time(lambda m=model: m(*inputs), timer, args.budget_s)
+            if not times:
+                raise RuntimeError("no recipe was correct")
+            best = min(times, key=lambda n: times[n])
+            naive = min(recipes, key=lambda r: r.rank).name
+            a = problem.analysis()
+            roof_ms = max(a.bytes_moved / (bw * 1e9), (a.flops or 0) / (peak * 1e9)) * 1e3
+            row.update(recipe=best, ms=times[best], x_eager=eager / times[best], x_compile=compiled_ms / times[best],
+                       x_naive=times.get(naive, math.nan) / times[best], roofline=roof_ms / times[best])
+            print(f"| {key} | {best}{' (wrong: ' + ', '.join(row['wrong']) + ')' if 'wrong' in row else ''} | {row['ms']:.4f} | {row['x_eager']:.2f} | {row['x_compile']:.2f} | "
+                  f"{row['x_naive']:.2f} | {100 * row['roofline']:.0f}% |", flush=True)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            print(f"| {key} | {row['error']} | | | | | |", flush=True)
+        rows.append(row)
+    good = [r for r in rows if "ms" in r]
+    if good:
+        geo = lambda k: math.exp(statistics.fmean(math.log(r[k]) for r in good if r[k] == r[k] and r[k] > 0))  # noqa: E731
+        comp = [r for r in good if r["x_compile"] == r["x_compile"]]
+        print(f"\n{len(good)}/{len(rows)} problems with a correct kernel; geo-mean x eager {geo('x_eager'):.2f}, "
+              f"x torch.compile {geo('x_compile') if comp else math.nan:.2f}, x naive {geo('x_naive'):.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
