@@ -29,7 +29,7 @@ def run_config(tmp: Path, llms: list[dict[str, Any]], out: str) -> Path:
         "llms": llms,
         "ensemble": {"mode": "vote", "keep": 2, "meta_every": 2},
         "tuner": {"every": -1},
-        "budget": {"generations": 6, "proposals_per_generation": 2, "llm_tokens": CAP},
+        "budget": {"generations": 8, "proposals_per_generation": 2, "llm_tokens": CAP},
         "evaluation": {"trials": 2, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 5, "target_time_s": 0.02,
                        "rotate_bytes": 0, "timeout_s": 60},
     }
