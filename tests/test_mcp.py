@@ -180,6 +180,15 @@ async def malformed_calls(s: ClientSession, good: tuple[str, dict[str, Any]]) ->
     await call(s, *good)
 
 
+async def poll(s: ClientSession, run_id: str) -> dict[str, Any]:
+    """run_status until the run is no longer starting or running."""
+    deadline = time.monotonic() + 300
+    while (status := await call(s, "run_status", {"run_id": run_id}))["status"] in ("starting", "running"):
+        assert time.monotonic() < deadline, status
+        await anyio.sleep(1.0)
+    return status
+
+
 def test_evaluate_and_malformed_calls(tmp_path: Path) -> None:
     """The tools listed; the seed correct with a time; a broken candidate with its one-line reason;
     malformed calls answered in one line each while the server keeps serving."""
@@ -227,7 +236,13 @@ def test_agent_session_end_to_end(tmp_path: Path) -> None:
         )
         run_id = started["run_id"]
         assert started["status"] == "running" and (runs_root / run_id / "run.json").is_file()
-        seed = await evaluate_seed(s, runs_root)  # while the run goes on in the background
+        # a run that fails (HIP is compile-only without an AMD GPU) costs that run, not the server
+        failing = (
+            await call(
+                s, "start_optimization", {"problem": "examples/kernelbench/vector_add.py", "backend": "hip"}
+            )
+        )["run_id"]
+        seed = await evaluate_seed(s, runs_root)  # while the runs go on in the background
 
         # exactly `kf-run eval --json`: the CLI on the same cache returns the same record
         cli = subprocess.run(
@@ -255,14 +270,11 @@ def test_agent_session_end_to_end(tmp_path: Path) -> None:
         assert from_cli == seed
 
         await malformed_calls(s, ("run_status", {"run_id": run_id}))
-        deadline = time.monotonic() + 300
-        while (status := await call(s, "run_status", {"run_id": run_id}))["status"] in (
-            "starting",
-            "running",
-        ):
-            assert time.monotonic() < deadline, status
-            await anyio.sleep(1.0)
+        status = await poll(s, run_id)
         assert status["status"] == "finished", status
+        failed = await poll(s, failing)
+        assert failed["status"] == "failed" and failed["process"]["returncode"] == 2, failed
+        assert failed["error"].startswith("error: backend hip cannot run kernels here"), failed
         assert status["generation"] == 2 and status["stop_reason"] == "all 2 generations done"
         assert status["evaluations"] >= 3 and status["summary"]["best_outcome"] == "correct"
         best = status["best"]
