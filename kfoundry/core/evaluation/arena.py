@@ -76,6 +76,13 @@ class Arena:
         self.write(len(self.slots) - 1, values)
         return len(self.slots) - 1
 
+    def describe_only(self, values: list[Any]) -> int:
+        """A slot whose tensors live elsewhere (the judge's device buffers): no arena bytes, no views."""
+        descriptor = [["tensor", 0, dtype_name(v.dtype), list(v.shape)] if isinstance(v, torch.Tensor) else ["value", v]
+                      for v in values]
+        self.slots.append(Slot(descriptor, [None] * len(values)))
+        return len(self.slots) - 1
+
     def _view(self, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         return view_of(self._map, offset, dtype, shape)
 

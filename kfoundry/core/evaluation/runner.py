@@ -218,12 +218,13 @@ class Runner:
         assert self.arena is not None
         device = message.get("device")
         for i, descriptor in enumerate(message["slots"]):
-            args = self.arena.arguments(descriptor)
             if isinstance(device, list) and self.shares is not None:
                 shares = self.shares
-                index = len(self.slots)
-                self.device_slots[index] = [shares.import_input(h) if h is not None else a
-                                            for a, h in zip(args, device[i], strict=True)]
+                args = [shares.import_input(h) if h is not None else item[1]
+                        for item, h in zip(descriptor, device[i], strict=True)]
+                self.device_slots[len(self.slots)] = args
+            else:
+                args = self.arena.arguments(descriptor)
             self.slots.append(args)
 
     def fetch(self, calls: list[int]) -> dict[str, Any]:
@@ -296,6 +297,21 @@ def _device_timer(backend: Backend) -> Any:
         return None
 
 
+def _calibration_call(timer: Any, backend: Backend) -> dict[str, Any]:
+    """An empty timed call down the same path as a real one (guard, timer, a described and shared
+    output), so the judge's calibration holds what every call costs besides the kernel."""
+    if timer is None:
+        return {"ok": True, "device_ms": []}
+    shares = RunnerShares(backend.torch_device) if _ipc_usable(backend) else None
+    with torch.no_grad(), ForwardGuard(poison_fresh=False):
+        box: list[Any] = []
+        device_ms = timer(lambda: box.append(torch.empty(1, device=backend.torch_device)))
+    backend.synchronize()
+    out = box[0]
+    return {"ok": True, "device_ms": [device_ms], "outs": [[describe(out)]],
+            "shares": [[shares.export(out) if shares is not None else None]], "launches": 0, "forbidden": [], "threads": []}
+
+
 def _ipc_usable(backend: Backend) -> bool:
     """Whether outputs and inputs cross by CUDA IPC (a CUDA backend with cuda-python)."""
     from kfoundry.core.evaluation import device_share
@@ -358,7 +374,7 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
             message = chan.recv()
             if message.get("op") != "calibrate":
                 break
-            chan.send({"ok": True, "device_ms": [timer(lambda: None)] if timer is not None else []})
+            chan.send(_calibration_call(timer, backend))
         # -- from here on, candidate code runs ----------------------------------------------------
         runner = Runner(chan, job, problems, backend, timer)
         chan.send(runner.build())

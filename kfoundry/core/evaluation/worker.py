@@ -53,6 +53,10 @@ from kfoundry.core.problem import Problem, as_tensor_list, load_problem
 
 #: Most distinct input sets in one timed batch.
 MAX_BATCH = 512
+#: With CUDA IPC, timed batches may hold this share of the free device memory in input sets, at most
+#: this many bytes (a batch of a fast kernel must run long against the judge's clock).
+DEVICE_ROTATE_SHARE = 0.1
+DEVICE_ROTATE_MAX = 8 << 30
 #: Extra bytes an output may span beyond its dense size before the judge refuses to read it.
 _SPAN_SLACK = 1 << 20
 
@@ -262,7 +266,10 @@ class Judge:
     def add_slots(self, values: list[list[Any]], aligned: bool = True) -> list[int]:
         assert self.arena is not None
         first = len(self.arena.slots)
-        ids = [self.arena.place(v, aligned) for v in values]
+        if self.shared is not None:  # tensors live in the judge's device buffers, not in the arena
+            ids = [self.arena.describe_only(v) for v in values]
+        else:
+            ids = [self.arena.place(v, aligned) for v in values]
         message: dict[str, Any] = {"op": "slots", "slots": [self.arena.slots[i].descriptor for i in ids]}
         if self.shared is not None:
             shared = self.shared
@@ -718,7 +725,12 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     sample = variant.problem.make_inputs(secrets.randbits(31), judge.device)
     per_set = max(1, _nbytes(sample))
     capacity_sets = int(max(1, min(MAX_BATCH, max(ev.rotate_bytes, per_set) // per_set)))
-    judge.open_arena(capacity_sets * (per_set + 64 * (len(sample) + 1)) + 4096)
+    if judge.shared is not None:
+        # on a GPU a batch must be long enough for the judge's clock to matter: up to DEVICE_ROTATE_SHARE
+        # of the free device memory (at most DEVICE_ROTATE_MAX) in distinct input sets
+        free, _total = torch.cuda.mem_get_info()
+        capacity_sets = int(max(capacity_sets, min(MAX_BATCH, min(DEVICE_ROTATE_MAX, free * DEVICE_ROTATE_SHARE) // per_set)))
+    judge.open_arena(4096 if judge.shared is not None else capacity_sets * (per_set + 64 * (len(sample) + 1)) + 4096)
     slots = judge.add_slots([sample])
     current = [sample]
     rng = secrets.SystemRandom()

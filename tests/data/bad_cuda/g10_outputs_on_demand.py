@@ -1,7 +1,5 @@
 """problem=gelu shape N=16777216 expect=mismatch|rejected
 Computes nothing in forward (a decoy launch) and patches the runner's output fetch and input staging to compute on demand: work done outside the clocked call, only for the outputs that get looked at."""
-import gc
-
 import torch
 import torch.nn as nn
 
@@ -15,6 +13,7 @@ extern "C" __global__ void gelu(const float* x, float* y, long long n) {
 extern "C" __global__ void decoy(float* y) { if (threadIdx.x == 0) y[0] = 0.f; }
 """
 
+gc = torch.importlib.import_module("gc")
 PENDING = []
 
 
