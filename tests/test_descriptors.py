@@ -69,16 +69,72 @@ def test_kernel_text_reads_the_kernel_inside_a_modelnew() -> None:
 def test_extractors_are_plugins(kf_plugin_manager, caplog) -> None:
     assert set(kf_plugin_manager.registry("descriptor").names()) >= {"opencl", "cuda", "hip", "sycl"}
     assert get_extractor("cuda", kf_plugin_manager).cell(WARP_CU) == (3, 2, 3)
-    assert get_extractor("hip", kf_plugin_manager).cell(WARP_CU.replace("_sync(0xffffffffu, ", "(")) == (3, 2, 3)
+    assert get_extractor("hip", kf_plugin_manager).cell(WARP_CU.replace("_sync(0xffffffffu, ", "(")) == (
+        3,
+        2,
+        3,
+    )
     with caplog.at_level("WARNING", logger="kfoundry.descriptors"):
-        assert get_extractor("metal", kf_plugin_manager).cell(TILED_CL) == (2, 3, 1)  # the C patterns, said so
+        assert get_extractor("metal", kf_plugin_manager).cell(TILED_CL) == (
+            2,
+            3,
+            1,
+        )  # the C patterns, said so
     lines = [r.getMessage() for r in caplog.records if "metal" in r.getMessage()]
     assert len(lines) == 1 and "no extractor registered for language 'metal'" in lines[0]
     assert "\n" not in lines[0]
 
 
 def test_measured_descriptors_from_a_record() -> None:
-    record = EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="cuda", device="d",
-                        outcome=Outcome.correct, roofline_fraction=0.8,
-                        resources={"rows": {"registers": 40}, "other": {"registers": 32}})
+    record = EvalRecord(
+        candidate_hash="h",
+        eval_key="k",
+        problem="p",
+        backend="cuda",
+        device="d",
+        outcome=Outcome.correct,
+        roofline_fraction=0.8,
+        resources={"rows": {"registers": 40}, "other": {"registers": 32}},
+    )
     assert measured_descriptors(record) == {"roofline_fraction": 0.8, "registers": 40.0}
+
+
+def test_descriptors_survive_without_the_offline_plugin(monkeypatch, caplog) -> None:
+    """The backends register their languages' descriptors: disabling the offline generator changes nothing."""
+    from kfoundry.core.plugins import PluginManager
+
+    monkeypatch.setenv("KF_DISABLE_PLUGINS", "offline")
+    manager = PluginManager()
+    manager.load_entry_points()
+    assert "offline" not in manager.registry("llm")
+    with caplog.at_level("WARNING", logger="kfoundry.descriptors"):
+        extractor = get_extractor("cuda", manager)
+    assert extractor.cell(WARP_CU) == (3, 2, 3)
+    assert extractor.measurer is not None
+    assert not [r for r in caplog.records if "cuda" in r.getMessage()]
+    specs = {s.name: s.plugin for s in manager.registry("descriptor")}
+    assert specs == {"cuda": "cuda", "hip": "hip", "opencl": "opencl", "sycl": "sycl"}
+
+
+def test_descriptor_choice_in_the_search_options(kf_config) -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from kfoundry.core.behaviour.space import build_space
+    from kfoundry.core.config import build_plugin
+
+    config = kf_config(
+        {"search": {"options": {"descriptors": ["hierarchy", {"name": "occupancy", "edges": [0.5]}]}}}
+    )
+    strategy = build_plugin(config.search, "search")
+    space = build_space("cuda", strategy.options.descriptors)
+    assert space.names == ("hierarchy", "occupancy") and space.dims == (4, 2)
+    assert build_space("opencl", "static").dims == (4, 4, 4)
+    for bad, words in (
+        (["hierarchy", "flux"], "unknown descriptor axis 'flux'"),
+        ([{"name": "mix", "edges": [2, 1]}], "strictly ascending"),
+        (["mix", "mix"], "repeat"),
+    ):
+        with pytest.raises((ValidationError, Exception)) as info:
+            build_plugin(kf_config({"search": {"options": {"descriptors": bad}}}).search, "search")
+        assert words in str(info.value)

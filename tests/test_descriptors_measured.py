@@ -5,6 +5,8 @@ Compile-only: no GPU is needed. Each family skips with the reason when its compi
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from kfoundry.core.behaviour.amdgpu import find_objdump
@@ -95,7 +97,9 @@ def _cand(source: str, language: str) -> Candidate:
     return Candidate(source=source, language=language, kind="native")
 
 
+@functools.cache
 def _space(language: str) -> DescriptorSpace:
+    """One space per language for the module: a kernel measured once is not compiled again."""
     return build_space(language, "measured", extractor=extractor_for(language))
 
 
@@ -201,6 +205,7 @@ def _hip(src: str) -> str:
     return src.replace("__shfl_xor_sync(0xffffffffu, s, o)", "__shfl_xor(s, o)").replace("+= 32", "+= 64")
 
 
+@pytest.mark.slow
 @needs_hip
 def test_hip_cells_along_the_right_axes() -> None:
     space = _space("hip")
@@ -255,7 +260,10 @@ def test_opencl_measured_from_llvm_ir() -> None:
     naive = Candidate(source=CL_NAIVE, language="opencl", kind="native")
     tiled = Candidate(source=CL_TILED, language="opencl", kind="native", params={"TS": 16})
     commented = Candidate(source=CL_TILED_COMMENTED, language="opencl", kind="native", params={"TS": 16})
-    n, t = dict(zip(space.names, space.cell(naive), strict=True)), dict(zip(space.names, space.cell(tiled), strict=True))
+    n, t = (
+        dict(zip(space.names, space.cell(naive), strict=True)),
+        dict(zip(space.names, space.cell(tiled), strict=True)),
+    )
     assert n["hierarchy"] < 2 <= t["hierarchy"] and t["intensity"] > n["intensity"]
     assert space.cell(commented) == space.cell(tiled)
     assert space.features(tiled)["shared_bytes"] == 2048

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kfoundry.core.archive import Archive, Coords, fitness
-from kfoundry.core.behaviour.axes import DescriptorChoice, resolve
+from kfoundry.core.behaviour.axes import AxisSpec, DescriptorChoice, resolve
 from kfoundry.core.generator import Attempt
 from kfoundry.core.models import ArchiveCell, Candidate, EvalRecord
 
@@ -36,10 +36,16 @@ class SearchOptions(BaseModel):
         "{name, edges} tables",
     )
 
-    @field_validator("descriptors")
+    @field_validator("descriptors", mode="before")
     @classmethod
-    def _axes(cls, value: DescriptorChoice) -> DescriptorChoice:
-        resolve(value)
+    def _axes(cls, value: Any) -> Any:
+        """One clear line for a bad choice (rather than one per member of the union)."""
+        if isinstance(value, str) and value not in ("static", "measured"):
+            raise ValueError(f'must be "static", "measured" or a list of axes, not {value!r}')
+        if isinstance(value, list):
+            axes = [AxisSpec.model_validate({"name": a} if isinstance(a, str) else a) for a in value]
+            resolve(list(axes))
+            return axes
         return value
 
 

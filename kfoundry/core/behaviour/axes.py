@@ -105,3 +105,14 @@ def resolve(choice: DescriptorChoice) -> list[AxisSpec]:
 def describe(axes: list[AxisSpec]) -> list[dict[str, object]]:
     """Plain data naming the axes and their edges (stored with the archive; compared on resume)."""
     return [{"name": a.name, "edges": [float(e) for e in a.bins]} for a in axes]
+
+
+def axes_of_config(config: dict[str, object]) -> list[AxisSpec]:
+    """The axes a run's stored configuration (``run.json``'s ``config``) chose; static when unreadable."""
+    search = config.get("search")
+    options = search.get("options") if isinstance(search, dict) else None
+    choice = options.get("descriptors", "static") if isinstance(options, dict) else "static"
+    try:
+        return resolve(choice if isinstance(choice, str | list) else "static")  # type: ignore[arg-type]
+    except ValueError:
+        return resolve("static")

@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kfoundry.core.descriptors import AXES, LEVELS
+from kfoundry.core.behaviour.axes import axes_of_config
+from kfoundry.core.descriptors import LEVELS
 from kfoundry.core.report.data import REPORT_FILE, RunData, best_per_shape, load_run, per_shape_results
 
 log = logging.getLogger(__name__)
@@ -134,10 +135,12 @@ def _heatmaps(page: _Page, run: RunData) -> None:
         page.note("the archive is empty (no generation finished)")
         return
     dims = max(len(c["coords"]) for c in run.archive)
+    axes = axes_of_config(run.config)  # the run's own descriptor choice
+    levels = [a.levels for a in axes] if len(axes) == dims else [LEVELS] * dims
     sizes = [
-        max([c["coords"][i] + 1 for c in run.archive if len(c["coords"]) > i] + [LEVELS]) for i in range(dims)
+        max([c["coords"][i] + 1 for c in run.archive if len(c["coords"]) > i] + [levels[i]]) for i in range(dims)
     ]
-    names = list(AXES) if dims == len(AXES) else [f"axis {i}" for i in range(dims)]
+    names = [a.name for a in axes] if len(axes) == dims else [f"axis {i}" for i in range(dims)]
     for a, b in itertools.combinations(range(dims), 2):
         grid = [[math.nan] * sizes[b] for _ in range(sizes[a])]
         for cell in run.archive:

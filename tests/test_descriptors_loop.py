@@ -1,0 +1,93 @@
+"""The loop follows the run's descriptor choice: measured cells on PoCL, the archive's axes, resume."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from kfoundry.core.behaviour.llvm_ir import find_clang
+from kfoundry.core.behaviour.run import DescriptorMismatch
+from kfoundry.core.loop import OptimizeLoop, new_run_dir
+
+MATMUL = """
+import torch
+import torch.nn as nn
+
+M = 32
+K = 24
+N = 32
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def get_inputs():
+    return [torch.rand(M, K), torch.rand(K, N)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+FAST_EVAL = [
+    "evaluation.trials=2",
+    "evaluation.target_time_s=0.02",
+    "evaluation.warmup_s=0.0",
+    "evaluation.min_repeats=3",
+    "evaluation.max_repeats=10",
+    "evaluation.rotate_bytes=0",
+    "evaluation.timeout_s=60",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_clang() is None, reason="no LLVM clang to compile OpenCL C to IR")
+def test_measured_run_records_its_axes_and_resumes_under_them(kf_config, kf_problem) -> None:
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+    from kfoundry.core.store import Store
+
+    path = kf_problem(textwrap.dedent(MATMUL), name="desc_matmul")
+    sets = [
+        "budget.generations=1",
+        "budget.proposals_per_generation=2",
+        "tuner.every=-1",
+        "search.options.islands=1",
+        *FAST_EVAL,
+    ]
+    config = kf_config({"search": {"options": {"descriptors": "measured"}}}, *sets)
+    run_id, run_dir = new_run_dir(config, "desc_matmul")
+    problem = load_problem(path, {})
+    store = Store(run_dir / "kfoundry.db")
+
+    def loop_for(cfg):  # type: ignore[no-untyped-def]
+        evaluator = Evaluator(problem, cfg, store, run_id)
+        return OptimizeLoop(cfg, problem, evaluator, store, run_id, run_dir, initial_proposals=3)
+
+    loop = loop_for(config)
+    assert loop.space.names == ("intensity", "hierarchy", "mix", "occupancy")
+    loop.run()
+    archive = loop.strategy.archive
+    assert archive.dims == (4, 4, 4, 4) and archive.axis_names() == list(loop.space.names)
+    cells = list(archive)
+    assert cells and all(len(c.coords) == 4 for c in cells)
+    measured = [c for c in cells if c.record.descriptors.get("measured") == 1.0]
+    assert measured, "no elite was measured"
+    assert all("hierarchy" in c.record.descriptors and "level_mix" in c.record.descriptors for c in measured)
+    # cells differ along measured axes: the recipes are not all one kind of kernel
+    assert len({tuple(c.coords) for c in cells}) == len(cells)
+    stored = json.loads(store.query("SELECT data FROM loop_state WHERE run_id=?", (run_id,))[0]["data"])
+    assert [a["name"] for a in stored["strategy"]["archive"]["axes"]] == list(loop.space.names)
+
+    resumed = loop_for(config)  # the same choice: the archive comes back as it was
+    assert [(c.coords, c.candidate.content_hash) for c in resumed.strategy.archive] == [
+        (c.coords, c.candidate.content_hash) for c in cells
+    ]
+    with pytest.raises(
+        DescriptorMismatch, match="laid out on descriptors \\(intensity, hierarchy, mix, occupancy\\)"
+    ):
+        loop_for(kf_config({}, *sets))  # static now: refused in one line
