@@ -16,8 +16,8 @@ import pytest
 from eval_helpers import fast_config
 
 from kfoundry.core.evaluation import Evaluator
-from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
-from kfoundry.core.models import Outcome
+from kfoundry.core.generator import Attempt, GenerationRequest, GeneratorUnsupported, ProblemSummary
+from kfoundry.core.models import DeviceProfile, EvalRecord, Outcome
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.recognize import recognize
@@ -132,3 +132,44 @@ def test_cuda_graph_recipes_render() -> None:
     for key in ("level1/sdpa_causal.py", "level2/conv2d_group_norm_scale_maxpool_clamp.py"):
         for recipe in OfflineGenerator().recipes(_summary(key), "cuda"):
             assert 'extern "C" __global__' in recipe.kernel and "__kernel" not in recipe.kernel
+
+
+def _request(key: str, **kw: object) -> GenerationRequest:
+    device = DeviceProfile(backend="opencl", name="cpu", max_work_group_size=4096)
+    return GenerationRequest(problem=_summary(key), language="opencl", device=device, **kw)  # type: ignore[arg-type]
+
+
+def test_a_recipe_that_failed_correctness_is_not_proposed_again() -> None:
+    gen = OfflineGenerator()
+    key = "level1/matrix_vector.py"
+    seeds = gen.seeds(_request(key, n=8))
+    failed = seeds[1].candidate
+    assert failed is not None
+    bad = EvalRecord(
+        candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d", outcome=Outcome.mismatch
+    )
+    for i in range(6):
+        proposals = gen.propose(
+            _request(key, mode="improve", parent=Attempt(candidate=failed, record=bad), n=4, seed=i)
+        )
+        assert all(p.candidate is not None and p.candidate.label != failed.label for p in proposals)
+
+
+def test_the_naive_recipe_is_the_seed_when_there_is_no_seed_file() -> None:
+    seeds = OfflineGenerator().seeds(_request("level1/cumsum.py", n=4))
+    assert seeds[0].candidate is not None and seeds[0].candidate.meta.get("seed") is True
+    assert seeds[0].candidate.label == "graph/unfused"
+    assert not any(p.candidate is not None and p.candidate.meta.get("seed") for p in seeds[1:])
+
+
+def test_integer_powers_are_products() -> None:
+    src = (
+        (DATA / "level1" / "leaky_relu_broadcast_bias.py")
+        .read_text()
+        .replace(
+            "F.leaky_relu(x + b, 0.1)",
+            "0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0)))) + b ** 2",
+        )
+    )
+    for recipe in OfflineGenerator().recipes(ProblemSummary(name="gelu", reference_source=src), "cuda"):
+        assert "pow" not in recipe.kernel, recipe.name

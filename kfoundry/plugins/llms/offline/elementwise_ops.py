@@ -267,8 +267,9 @@ def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> s
         if not isinstance(exp, int | float):
             return None
         a = operand(base)
-        if exp == 2:
-            return f"(({a}) * ({a}))"
+        if float(exp).is_integer() and 1 <= abs(exp) <= 4:  # repeated products, not powf (exact for NaN/inf too)
+            prod = " * ".join([f"({a})"] * int(abs(exp)))
+            return f"({prod})" if exp > 0 else f"(1.0f / ({prod}))"
         if exp == 0.5:
             return f"{fn('sqrt', lang)}({a})"
         return f"{fn('pow', lang)}({a}, {lit(exp)})"

@@ -15,7 +15,7 @@ from typing import Any
 
 from kfoundry.core.descriptors import DescriptorExtractor, get_extractor
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported, ProblemSummary
-from kfoundry.core.models import Candidate, ParamValue, Proposal, stable_hash
+from kfoundry.core.models import Candidate, Outcome, ParamValue, Proposal, stable_hash
 from kfoundry.plugins.llms.offline import (
     cookbook_conv_rotary,
     cookbook_elementwise,
@@ -60,6 +60,7 @@ class OfflineGenerator(Generator):
         self._specs: dict[str, OpSpec] = {}
         self._recipes: dict[tuple[str, str], list[Recipe]] = {}
         self._cells: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        self._failed: dict[str, set[tuple[str, str]]] = {}
 
     # -- cookbook access -------------------------------------------------------------------------------
 
@@ -103,12 +104,35 @@ class OfflineGenerator(Generator):
     # -- the generator contract ------------------------------------------------------------------------
 
     def seeds(self, request: GenerationRequest) -> list[Proposal]:
-        """One proposal per recipe with its default parameters, lowest rank first (spans the grid)."""
+        """One proposal per recipe with its default parameters, lowest rank first (spans the grid).
+
+        Without a seed file (``seeds/<stem>_<language>.py``) the naive recipe is the run's seed
+        (``meta["seed"]``), so the run reports its speedup over it."""
         recipes = sorted(self.recipes(request.problem, request.language), key=lambda r: r.rank)
-        return [self._proposal(r, dict(r.defaults), "cookbook default") for r in recipes[: request.n]]
+        out = [self._proposal(r, dict(r.defaults), "cookbook default") for r in recipes[: request.n]]
+        if out and out[0].candidate is not None and not _has_seed_file(request):
+            out[0].candidate.meta["seed"] = True
+            out[0].rationale += " (the naive seed: the run's speedup is reported over it)"
+        return out
+
+    def _note_failures(self, request: GenerationRequest) -> set[tuple[str, str]]:
+        """(recipe, parameters) pairs that failed correctness at this shape, as far as requests told."""
+        key = stable_hash(request.problem.reference_source, request.problem.shapes, request.language)
+        failed = self._failed.setdefault(key, set())
+        for attempt in [request.parent, *request.inspirations]:
+            if attempt is None or attempt.record is None or attempt.record.outcome is not Outcome.mismatch:
+                continue
+            recipe = attempt.candidate.meta.get("recipe")
+            if recipe:
+                failed.add((str(recipe), stable_hash(attempt.candidate.params)))
+        return failed
 
     def propose(self, request: GenerationRequest) -> list[Proposal]:
         recipes = self.recipes(request.problem, request.language)
+        failed = self._note_failures(request)
+        # a recipe that failed correctness at its defaults here is numerically unfit: leave it out
+        unfit = {r.name for r in recipes if (r.name, stable_hash(dict(r.defaults))) in failed}
+        recipes = [r for r in recipes if r.name not in unfit] or recipes
         extractor = get_extractor(request.language)
         rng = random.Random(f"{request.seed}:{request.generation}:{request.extra.get('index', 0)}")
         avoid = set(request.extra.get("avoid", []))
@@ -118,7 +142,7 @@ class OfflineGenerator(Generator):
             for _ in range(self.opts.max_tries):
                 recipe, params, why = self._move(request, recipes, extractor, rng)
                 cand = recipe.candidate(params)
-                if cand.content_hash not in avoid:
+                if cand.content_hash not in avoid and (recipe.name, stable_hash(cand.params)) not in failed:
                     proposal = self._proposal(recipe, params, why, request)
                     break
             if proposal is None:  # the neighbourhood is exhausted: sample the whole cookbook
@@ -235,6 +259,16 @@ def _with_valid_defaults(recipe: Recipe) -> Recipe | None:
             recipe.defaults = params
             return recipe
     return None
+
+
+def _has_seed_file(request: GenerationRequest) -> bool:
+    """Whether the problem has a naive seed kernel by the examples' convention (the loop then seeds with it)."""
+    from pathlib import Path
+
+    from kfoundry.core.loop import find_seed_kernel
+
+    path = request.problem.path
+    return bool(path) and find_seed_kernel(Path(str(path)), request.language) is not None
 
 
 def _fits(params: dict[str, ParamValue], request: GenerationRequest) -> bool:
