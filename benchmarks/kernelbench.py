@@ -122,39 +122,57 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 expected = ref(*inputs)
             recipes = gen.recipes(problem.summary(), lang)
-            eager = _time(lambda: ref(*inputs), timer, args.budget_s)
+            eager = _time(lambda r=ref, x=inputs: r(*x), timer, args.budget_s)
             compiled_ms = math.nan
             if not args.no_compile:
                 try:
                     compiled = torch.compile(ref)
-                    compiled_ms = _time(lambda: compiled(*inputs), timer, args.budget_s)
+                    compiled_ms = _time(lambda c=compiled, x=inputs: c(*x), timer, args.budget_s)
                 except Exception as exc:  # no C++ toolchain on the host, a graph break that fails...
                     row["compile_error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
             times: dict[str, float] = {}
             for recipe in recipes:
-                namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+                namespace: dict[str, Any] = {
+                    "PARAMS": dict(recipe.defaults),
+                    "__name__": "kf_candidate",
+                    "load": load,
+                }
                 exec(compile(recipe.render(), recipe.name, "exec"), namespace)
                 torch.manual_seed(0)
                 model = namespace["ModelNew"](*problem.make_init_inputs()).to(device)
                 with torch.no_grad():
                     got = model(*inputs)
                     ok = got.shape == expected.shape and torch.allclose(
-                        got.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=True)
+                        got.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=True
+                    )
                     if not ok:
-                        err = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else -1
+                        err = (
+                            (got.float() - expected.float()).abs().max().item()
+                            if got.shape == expected.shape
+                            else -1
+                        )
                         row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
                     else:
-                        times[recipe.name] = _time(lambda m=model: m(*inputs), timer, args.budget_s)
+                        times[recipe.name] = _time(lambda m=model, x=inputs: m(*x), timer, args.budget_s)
             if not times:
                 raise RuntimeError("no recipe was correct")
             best = min(times, key=lambda n: times[n])
             naive = min(recipes, key=lambda r: r.rank).name
             a = problem.analysis()
             roof_ms = max(a.bytes_moved / (bw * 1e9), (a.flops or 0) / (peak * 1e9)) * 1e3
-            row.update(recipe=best, ms=times[best], x_eager=eager / times[best], x_compile=compiled_ms / times[best],
-                       x_naive=times.get(naive, math.nan) / times[best], roofline=roof_ms / times[best])
-            print(f"| {key} | {best}{' (wrong: ' + ', '.join(row['wrong']) + ')' if 'wrong' in row else ''} | {row['ms']:.4f} | {row['x_eager']:.2f} | {row['x_compile']:.2f} | "
-                  f"{row['x_naive']:.2f} | {100 * row['roofline']:.0f}% |", flush=True)
+            row.update(
+                recipe=best,
+                ms=times[best],
+                x_eager=eager / times[best],
+                x_compile=compiled_ms / times[best],
+                x_naive=times.get(naive, math.nan) / times[best],
+                roofline=roof_ms / times[best],
+            )
+            print(
+                f"| {key} | {best}{' (wrong: ' + ', '.join(row['wrong']) + ')' if 'wrong' in row else ''} | {row['ms']:.4f} | {row['x_eager']:.2f} | {row['x_compile']:.2f} | "
+                f"{row['x_naive']:.2f} | {100 * row['roofline']:.0f}% |",
+                flush=True,
+            )
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
             print(f"| {key} | {row['error']} | | | | | |", flush=True)
@@ -163,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     if good:
         geo = lambda k: math.exp(statistics.fmean(math.log(r[k]) for r in good if r[k] == r[k] and r[k] > 0))  # noqa: E731
         comp = [r for r in good if r["x_compile"] == r["x_compile"]]
-        print(f"\n{len(good)}/{len(rows)} problems with a correct kernel; geo-mean x eager {geo('x_eager'):.2f}, "
-              f"x torch.compile {geo('x_compile') if comp else math.nan:.2f}, x naive {geo('x_naive'):.2f}")
+        print(
+            f"\n{len(good)}/{len(rows)} problems with a correct kernel; geo-mean x eager {geo('x_eager'):.2f}, "
+            f"x torch.compile {geo('x_compile') if comp else math.nan:.2f}, x naive {geo('x_naive'):.2f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

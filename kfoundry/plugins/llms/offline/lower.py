@@ -209,7 +209,8 @@ class Lowering:
         self.gm = gm
         self.lang = lang
         self.fuse = fuse
-        self.vals: dict[fx.Node, Val | PyVal] = {}
+        #: node -> Val, PyVal, or a pending (values, indices) pair of torch.max/min (``lower_ops._Pending``)
+        self.vals: dict[fx.Node, Any] = {}
         self.syms: dict[str, str] = {}  # python expr -> C name
         self.ptrs: dict[str, tuple[str, str]] = {}  # C name -> (python expr, ctype)
         self.sched = Schedule()
@@ -469,7 +470,9 @@ class Lowering:
             if chain:
                 last = chain[-1]
                 self.fwd(f"S{self.order[last]} = S{n}")
-                self.vals[last] = self.buffer_val(val.buffer, _shape(last), f"S{self.order[last]}", val.ctype)
+                self.vals[last] = self.buffer_val(
+                    str(val.buffer), _shape(last), f"S{self.order[last]}", val.ctype
+                )
         return self.sched
 
     def value(self, node: fx.Node) -> Val | PyVal:
@@ -482,7 +485,8 @@ class Lowering:
             else:
                 self.fwd(f"S{n} = tuple(self.ref.{node.target}.shape)")
                 self.vals[node] = self.buffer_val(f"self.ref.{node.target}", _shape(node), f"S{n}")
-        return self.vals[node]
+        out: Val | PyVal = self.vals[node]
+        return out
 
     def tensor(self, a: Any) -> Val:
         if not isinstance(a, fx.Node):

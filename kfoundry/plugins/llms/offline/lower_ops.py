@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 CHUNK = 64
 
 
+def _args(node: fx.Node) -> list[Any]:
+    return list(node.args)
+
+
+def _kwargs(node: fx.Node) -> dict[str, Any]:
+    return dict(node.kwargs)
+
+
 def _unsupported(what: str) -> GeneratorUnsupported:
     return GeneratorUnsupported(f"offline generator: {what} is not in the cookbook")
 
@@ -68,18 +76,18 @@ _PY_OPS: dict[Any, str] = {
 def py_value(L: Lowering, node: fx.Node) -> PyVal:
     """A Python value node (sizes, shapes and arithmetic on them)."""
     n = L.order[node]
-    t, args = node.target, node.args
+    t, args = node.target, _args(node)
     if node.op == "call_method" and t == "size":
-        src = f"S{L.order[args[0]]}"  # type: ignore[index]
-        shape = _shape(args[0])  # type: ignore[arg-type]
-        d = node.kwargs.get("dim", args[1] if len(args) > 1 else None)
-        expr, value = (src, shape) if d is None else (f"{src}[{d}]", shape[int(d)])  # type: ignore[call-overload]
+        src = f"S{L.order[args[0]]}"
+        shape = _shape(args[0])
+        d = _kwargs(node).get("dim", args[1] if len(args) > 1 else None)
+        expr, value = (src, shape) if d is None else (f"{src}[{d}]", shape[int(d)])
     elif node.op == "call_method" and t == "dim":
-        shape = _shape(args[0])  # type: ignore[arg-type]
-        expr, value = f"len(S{L.order[args[0]]})", len(shape)  # type: ignore[index]
+        shape = _shape(args[0])
+        expr, value = f"len(S{L.order[args[0]]})", len(shape)
     elif node.op == "call_function" and t is getattr and args[1] in ("shape", "ndim"):
-        shape = _shape(args[0])  # type: ignore[arg-type]
-        src = f"S{L.order[args[0]]}"  # type: ignore[index]
+        shape = _shape(args[0])
+        src = f"S{L.order[args[0]]}"
         expr, value = (src, shape) if args[1] == "shape" else (f"len({src})", len(shape))
     elif node.op == "call_function" and t is operator.getitem:
         expr, value = f"{_pyexpr(L, args[0])}[{_pyexpr(L, args[1])}]", _pyval(L, args[0])[_pyval(L, args[1])]
@@ -108,22 +116,22 @@ def _target_name(L: Lowering, node: fx.Node) -> tuple[str, Any]:
     if node.op == "call_method":
         return f"method.{node.target}", None
     t = node.target
-    mod = getattr(t, "__module__", "") or ""
+    where = getattr(t, "__module__", "") or ""
     name = getattr(t, "__name__", str(t))
     if t is getattr:
-        return f"getattr.{node.args[1]}", None
+        return f"getattr.{_args(node)[1]}", None
     if t is operator.getitem:
         return "getitem", None
     if t is operator.matmul:
         return "matmul", None
-    prefix = "F" if "functional" in mod else "torch"
+    prefix = "F" if "functional" in where else "torch"
     return f"{prefix}.{name}", None
 
 
 def _arg(node: fx.Node, pos: int, name: str, default: Any = None) -> Any:
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[pos] if len(node.args) > pos else default
+    if name in _kwargs(node):
+        return _kwargs(node)[name]
+    return _args(node)[pos] if len(_args(node)) > pos else default
 
 
 def lower_node(L: Lowering, node: fx.Node) -> Val:
@@ -137,8 +145,8 @@ def lower_node(L: Lowering, node: fx.Node) -> Val:
         return handler(L, node, mod, f"self.ref.{node.target}")
     if name == "getitem":
         return _getitem(L, node)
-    if name in ("getattr.values", "getattr.indices") and isinstance(L.vals.get(node.args[0]), _Pending):  # type: ignore[arg-type]
-        return L.vals[node.args[0]].pick(0 if name == "getattr.values" else 1)  # type: ignore[index,union-attr]
+    if name in ("getattr.values", "getattr.indices") and isinstance(L.vals.get(_args(node)[0]), _Pending):
+        return L.vals[_args(node)[0]].pick(0 if name == "getattr.values" else 1)
     for table in (_VIEW_OPS, _ANCHOR_OPS):
         if key in table and (name.startswith(("method.", "torch.", "F.", "getattr.")) or name == "matmul"):
             return table[key](L, node)
@@ -161,30 +169,30 @@ def _same_order(L: Lowering, node: fx.Node, src: Val, shape_expr: str) -> Val:
 
 
 def _reshape(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
-    if node.target in (torch.reshape,) and len(node.args) == 2:
-        args = _pyexpr(L, node.args[1])
-        return _same_order(L, node, src, f"_reshape(S{L.order[node.args[0]]}, ({args},))")  # type: ignore[index]
-    args = ", ".join(_pyexpr(L, a) for a in node.args[1:])
-    return _same_order(L, node, src, f"_reshape(S{L.order[node.args[0]]}, ({args},))")  # type: ignore[index]
+    src = L.tensor(_args(node)[0])
+    if node.target in (torch.reshape,) and len(_args(node)) == 2:
+        args = _pyexpr(L, _args(node)[1])
+        return _same_order(L, node, src, f"_reshape(S{L.order[_args(node)[0]]}, ({args},))")
+    args = ", ".join(_pyexpr(L, a) for a in _args(node)[1:])
+    return _same_order(L, node, src, f"_reshape(S{L.order[_args(node)[0]]}, ({args},))")
 
 
 def _flatten(L: Lowering, node: fx.Node, start: int | None = None, end: int | None = None) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     s = start if start is not None else int(_arg(node, 1, "start_dim", 0))
     e = end if end is not None else int(_arg(node, 2, "end_dim", -1))
-    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    S = f"S{L.order[_args(node)[0]]}"
     nd = len(src.shape)
     s, e = s % max(nd, 1), e % max(nd, 1)
     return _same_order(L, node, src, f"{S}[:{s}] + (_prod({S}[{s}:{e + 1}]),) + {S}[{e + 1}:]")
 
 
 def _squeeze(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     out = _shape(node)
     keep = [k for k, v in enumerate(src.shape) if True]
     d = _arg(node, 1, "dim")
-    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    S = f"S{L.order[_args(node)[0]]}"
     if d is None:
         keep = [k for k, v in enumerate(src.shape) if v != 1]
     else:
@@ -195,27 +203,27 @@ def _squeeze(L: Lowering, node: fx.Node) -> Val:
 
 
 def _unsqueeze(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     d = int(_arg(node, 1, "dim")) % (len(src.shape) + 1)
-    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    S = f"S{L.order[_args(node)[0]]}"
     return _same_order(L, node, src, f"{S}[:{d}] + (1,) + {S}[{d}:]")
 
 
 def _identity(L: Lowering, node: fx.Node) -> Val:
     if node.target in ("to", "type") or node.target is torch.Tensor.to:
-        dt = [a for a in (*node.args[1:], *node.kwargs.values()) if isinstance(a, torch.dtype)]
+        dt = [a for a in (*_args(node)[1:], *_kwargs(node).values()) if isinstance(a, torch.dtype)]
         if dt and dt[0] != torch.float32:
             raise _unsupported(f"conversion to {dt[0]}")
     if node.target in ("long", "int", "double", "half", "bool"):
         raise _unsupported(f"conversion .{node.target}()")
-    src = L.tensor(node.args[0])
-    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    src = L.tensor(_args(node)[0])
+    L.fwd(f"S{L.order[node]} = S{L.order[_args(node)[0]]}")
     return Val(src.shape, src.dims, src.load, f"S{L.order[node]}", src.ctype, src.buffer)
 
 
 def _permuted(L: Lowering, node: fx.Node, src: Val, perm: list[int]) -> Val:
     n = L.order[node]
-    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    S = f"S{L.order[_args(node)[0]]}"
     L.fwd(f"S{n} = (" + "".join(f"{S}[{k}], " for k in perm) + ")")
     out = _shape(node)
     dims = L.shape_dims(f"S{n}", out)
@@ -224,23 +232,23 @@ def _permuted(L: Lowering, node: fx.Node, src: Val, perm: list[int]) -> Val:
 
 
 def _permute(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     perm = (
-        node.args[1:]
-        if not isinstance(node.args[1] if len(node.args) > 1 else None, list | tuple)
-        else node.args[1]
+        _args(node)[1:]
+        if not isinstance(_args(node)[1] if len(_args(node)) > 1 else None, list | tuple)
+        else _args(node)[1]
     )
-    if "dims" in node.kwargs:
-        perm = node.kwargs["dims"]
-    p = [int(d) % len(src.shape) for d in perm]  # type: ignore[union-attr]
+    if "dims" in _kwargs(node):
+        perm = _kwargs(node)["dims"]
+    p = [int(d) % len(src.shape) for d in perm]
     return _permuted(L, node, src, p)
 
 
 def _transpose(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     nd = len(src.shape)
     if node.target in ("t",) or (node.op == "call_function" and node.target in (torch.t, getattr)):
-        if node.op == "call_function" and node.target is getattr and node.args[1] == "mT":
+        if node.op == "call_function" and node.target is getattr and _args(node)[1] == "mT":
             a, b = nd - 2, nd - 1
         else:
             a, b = (0, 1) if nd == 2 else (0, 0)
@@ -252,11 +260,11 @@ def _transpose(L: Lowering, node: fx.Node) -> Val:
 
 
 def _flip(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
-    ds = node.args[1:] if len(node.args) > 2 else _arg(node, 1, "dims")
-    ds = [ds] if isinstance(ds, int) else list(ds)  # type: ignore[arg-type]
+    src = L.tensor(_args(node)[0])
+    ds = _args(node)[1:] if len(_args(node)) > 2 else _arg(node, 1, "dims")
+    ds = [ds] if isinstance(ds, int) else list(ds)
     flips = {int(d) % len(src.shape) for d in ds}
-    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    L.fwd(f"S{L.order[node]} = S{L.order[_args(node)[0]]}")
     dims = src.dims
     return Val(
         src.shape,
@@ -268,17 +276,17 @@ def _flip(L: Lowering, node: fx.Node) -> Val:
 
 
 def _expand(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     n = L.order[node]
     out = _shape(node)
     if node.target == "expand_as":
-        L.fwd(f"S{n} = S{L.order[node.args[1]]}")  # type: ignore[index]
+        L.fwd(f"S{n} = S{L.order[_args(node)[1]]}")
     else:
-        sizes = node.args[1:] if not isinstance(node.args[1], list | tuple) else node.args[1]
-        S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+        sizes = _args(node)[1:] if not isinstance(_args(node)[1], list | tuple) else _args(node)[1]
+        S = f"S{L.order[_args(node)[0]]}"
         off = len(out) - len(src.shape)
         parts = []
-        for k, a in enumerate(sizes):  # type: ignore[arg-type]
+        for k, a in enumerate(sizes):
             parts.append(f"{S}[{k - off}]" if (isinstance(a, int) and a == -1) else _pyexpr(L, a))
         L.fwd(f"S{n} = ({', '.join(parts)},)")
     dims = L.shape_dims(f"S{n}", out)
@@ -286,19 +294,19 @@ def _expand(L: Lowering, node: fx.Node) -> Val:
 
 
 def _fill_like(L: Lowering, node: fx.Node, value: float | None = None) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     v = value if value is not None else float(_arg(node, 1, "fill_value"))
-    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    L.fwd(f"S{L.order[node]} = S{L.order[_args(node)[0]]}")
     return Val(src.shape, src.dims, lambda c: lit(v), f"S{L.order[node]}")
 
 
 def _getitem(L: Lowering, node: fx.Node) -> Val:
-    base = node.args[0]
+    base = _args(node)[0]
     assert isinstance(base, fx.Node)
     if base in L.vals and isinstance(L.vals[base], _Pending):
-        return L.vals[base].pick(int(node.args[1]))  # type: ignore[union-attr,call-overload]
+        return L.vals[base].pick(int(_args(node)[1]))
     src = L.tensor(base)
-    idx = node.args[1]
+    idx = _args(node)[1]
     items = list(idx) if isinstance(idx, tuple) else [idx]
     if any(
         isinstance(i, fx.Node)
@@ -339,11 +347,11 @@ def _getitem(L: Lowering, node: fx.Node) -> Val:
 
 
 def _select(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     d = int(_arg(node, 1, "dim")) % len(src.shape)
     i = int(_arg(node, 2, "index"))
     n = L.order[node]
-    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    S = f"S{L.order[_args(node)[0]]}"
     L.fwd(f"S{n} = {S}[:{d}] + {S}[{d + 1}:]")
     out = _shape(node)
     dims = L.shape_dims(f"S{n}", out)
@@ -374,9 +382,9 @@ def _cat(L: Lowering, node: fx.Node) -> Val:
 
 
 def _tri(L: Lowering, node: fx.Node, lower: bool) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     k = int(_arg(node, 1, "diagonal", 0))
-    L.fwd(f"S{L.order[node]} = S{L.order[node.args[0]]}")  # type: ignore[index]
+    L.fwd(f"S{L.order[node]} = S{L.order[_args(node)[0]]}")
     cmp = "<=" if lower else ">="
 
     def load(c: list[str]) -> str:
@@ -386,11 +394,11 @@ def _tri(L: Lowering, node: fx.Node, lower: bool) -> Val:
 
 
 def _diag(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     if int(_arg(node, 1, "diagonal", 0)) != 0:
         raise _unsupported("torch.diag with an offset")
     n = L.order[node]
-    S = f"S{L.order[node.args[0]]}"  # type: ignore[index]
+    S = f"S{L.order[_args(node)[0]]}"
     out = _shape(node)
     if len(src.shape) == 1:
         L.fwd(f"S{n} = ({S}[0], {S}[0])")
@@ -481,7 +489,9 @@ class _Pending:
         op = self.op if i == 0 else f"arg{self.op}"
         dim = _arg(self.node, 1, "dim")
         keep = bool(_arg(self.node, 2, "keepdim", False))
-        return reduce(self.L, self.node, self.L.tensor(self.node.args[0]), op, [int(dim)], keep, pick_node=i)
+        return reduce(
+            self.L, self.node, self.L.tensor(_args(self.node)[0]), op, [int(dim)], keep, pick_node=i
+        )
 
 
 def reduce(
@@ -608,7 +618,7 @@ _REDUCE_NAMES = {
 def _reduction(L: Lowering, node: fx.Node) -> Val:
     key = str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
     op = _REDUCE_NAMES[key]
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     nd = len(src.shape)
     if op in ("max", "min"):
         d = _arg(node, 1, "dim")
@@ -616,16 +626,16 @@ def _reduction(L: Lowering, node: fx.Node) -> Val:
             raise _unsupported("torch.max of two tensors")
         if d is not None:
             pending = _Pending(L, node, op)
-            L.vals[node] = pending  # type: ignore[assignment]
-            return pending  # type: ignore[return-value]
+            L.vals[node] = pending
+            return pending  # type: ignore[return-value]  # a pair: its getitem picks a Val (Lowering.run keeps it)
         return reduce(L, node, src, op, list(range(nd)), False)
     pos = 2 if op == "norm" else 1
     d = _arg(node, pos, "dim")
     keep = bool(_arg(node, pos + 1, "keepdim", False))
     if op in ("argmax", "argmin") and d is None:
-        flat = _same_order(L, node.args[0], src, f"(_prod({src.py_shape}),)")  # type: ignore[arg-type]
+        flat = _same_order(L, _args(node)[0], src, f"(_prod({src.py_shape}),)")
         return reduce(L, node, flat, op, [0], False)
-    if op in ("sum", "mean", "prod") and "dtype" in node.kwargs:
+    if op in ("sum", "mean", "prod") and "dtype" in _kwargs(node):
         raise _unsupported("reductions with a dtype")
     if op == "prod" and d is not None:
         return reduce(L, node, src, op, [int(d) % nd], keep)
@@ -633,12 +643,12 @@ def _reduction(L: Lowering, node: fx.Node) -> Val:
     pv = 2.0 if pv in ("fro", None) else float("inf") if pv == "inf" else float(pv)
     corr = 1.0
     if op in ("var", "std"):
-        corr = float(node.kwargs.get("correction", 0 if node.kwargs.get("unbiased") is False else 1))
+        corr = float(_kwargs(node).get("correction", 0 if _kwargs(node).get("unbiased") is False else 1))
     return reduce(L, node, src, op, _dims_list(d, nd), keep, p=pv, correction=corr)
 
 
 def _vector_norm(L: Lowering, node: fx.Node) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     pv = _arg(node, 1, "ord", 2.0)
     d = _arg(node, 2, "dim")
     keep = bool(_arg(node, 3, "keepdim", False))
@@ -649,7 +659,7 @@ def _vector_norm(L: Lowering, node: fx.Node) -> Val:
 
 
 def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim: int | None = None) -> Val:
-    src = src or L.tensor(node.args[0])
+    src = src or L.tensor(_args(node)[0])
     d = (dim if dim is not None else int(_arg(node, 1, "dim"))) % len(src.shape)
     n = L.order[node]
     L.fwd(f"S{n} = {src.py_shape}")
@@ -673,14 +683,14 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
 
 
 def _softmax_fn(L: Lowering, node: fx.Node) -> Val:
-    key = str(node.target if node.op == "call_method" else node.target.__name__)  # type: ignore[union-attr]
+    key = str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
     return _softmax(L, node, key == "log_softmax")
 
 
 def _scan(L: Lowering, node: fx.Node) -> Val:
-    key = str(node.target if node.op == "call_method" else node.target.__name__)  # type: ignore[union-attr]
-    src = L.tensor(node.args[0])
-    if "dtype" in node.kwargs and node.kwargs["dtype"] is not None:
+    key = str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
+    src = L.tensor(_args(node)[0])
+    if "dtype" in _kwargs(node) and _kwargs(node)["dtype"] is not None:
         raise _unsupported("scans with a dtype")
     d = int(_arg(node, 1, "dim")) % len(src.shape)
     n = L.order[node]
@@ -754,7 +764,7 @@ def _norm_rows(
 
 
 def _batch_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     nd = len(src.shape)
     w = L.ptr(f"{path}.weight") if getattr(mod, "weight", None) is not None else None
     b = L.ptr(f"{path}.bias") if getattr(mod, "bias", None) is not None else None
@@ -784,7 +794,7 @@ def _batch_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
 def _group_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     assert isinstance(mod, nn.GroupNorm)
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     n = L.order[node]
     nd = len(src.shape)
     G = L.sym(f"{path}.num_groups")
@@ -809,7 +819,7 @@ def _group_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
 def _layer_norm_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     assert isinstance(mod, nn.LayerNorm)
-    src = L.tensor(node.args[0])
+    src = L.tensor(_args(node)[0])
     k = len(mod.normalized_shape)
     nd = len(src.shape)
     w = L.ptr(f"{path}.weight") if mod.elementwise_affine and mod.weight is not None else None
@@ -823,7 +833,7 @@ def _layer_norm_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Va
 
 
 def _matmul(L: Lowering, node: fx.Node) -> Val:
-    a, b = L.tensor(node.args[0]), L.tensor(node.args[1])
+    a, b = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     key = str(node.target if node.op == "call_method" else getattr(node.target, "__name__", ""))
     if key in ("mm",) and (len(a.shape) != 2 or len(b.shape) != 2):
         raise _unsupported("torch.mm of non-matrices")
@@ -881,7 +891,7 @@ def _linear_common(L: Lowering, node: fx.Node, x: Val, w: Val, bias: Val | None,
 
 def _linear_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     assert isinstance(mod, nn.Linear)
-    x = L.tensor(node.args[0])
+    x = L.tensor(_args(node)[0])
     w = L.buffer_val(f"{path}.weight", tuple(mod.weight.shape), f"tuple({path}.weight.shape)")
     b = (
         L.buffer_val(f"{path}.bias", tuple(mod.bias.shape), f"tuple({path}.bias.shape)")
@@ -892,7 +902,7 @@ def _linear_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
 
 def _linear_fn(L: Lowering, node: fx.Node) -> Val:
-    x, w = L.tensor(node.args[0]), L.tensor(node.args[1])
+    x, w = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     bn = _arg(node, 2, "bias")
     b = L.tensor(bn) if bn is not None else None
     return _linear_common(L, node, x, w, b, f"{w.py_shape}[0]")
@@ -905,7 +915,7 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     assert isinstance(mod, nn.modules.conv._ConvNd)
     if isinstance(mod.padding, str) or mod.padding_mode != "zeros":
         raise _unsupported("convolution with string or non-zero padding modes")
-    x = L.tensor(node.args[0])
+    x = L.tensor(_args(node)[0])
     nd = len(mod.kernel_size)
     if len(x.shape) != nd + 2:
         raise _unsupported("unbatched convolution")
@@ -980,7 +990,7 @@ def _pool(
     include_pad: bool = True,
     divisor: int | None = None,
 ) -> Val:
-    x = L.tensor(node.args[0])
+    x = L.tensor(_args(node)[0])
     n = L.order[node]
     L.fwd(f"S{n} = _poolshape({x.py_shape}, {nd}, {k}, {s}, {p}, {d}, {ceil})")
     out = _shape(node)
@@ -1065,7 +1075,7 @@ def _pool_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
 
 def _pool_fn(L: Lowering, node: fx.Node) -> Val:
-    name = str(node.target.__name__)  # type: ignore[union-attr]
+    name = str(getattr(node.target, "__name__", ""))
     nd = int(name[-2])
     k = _arg(node, 1, "kernel_size")
     s = _arg(node, 2, "stride")
@@ -1100,7 +1110,7 @@ def _pool_fn(L: Lowering, node: fx.Node) -> Val:
 
 
 def _adaptive_avg(L: Lowering, node: fx.Node, size: Any, nd: int) -> Val:
-    x = L.tensor(node.args[0])
+    x = L.tensor(_args(node)[0])
     n = L.order[node]
     out = _shape(node)
     lead = len(out) - nd
@@ -1140,15 +1150,15 @@ def _finish_loss(L: Lowering, node: fx.Node, per: Val, reduction: str) -> Val:
 
 
 def _pointwise_loss(L: Lowering, node: fx.Node, expr: Callable[[str, str], str]) -> Val:
-    a, b = L.tensor(node.args[0]), L.tensor(node.args[1])
+    a, b = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     out = tuple(torch.broadcast_shapes(torch.Size(a.shape), torch.Size(b.shape)))
     n = L.order[node]
     L.fwd(f"E{n} = _bshape({a.py_shape}, {b.py_shape})")
     dims = L.shape_dims(f"E{n}", out)
     per = Val(out, dims, lambda c: expr(L.broadcast_load(a, c, out), L.broadcast_load(b, c, out)), f"E{n}")
-    if str(node.kwargs.get("reduction", "mean")) == "none":
+    if str(_kwargs(node).get("reduction", "mean")) == "none":
         return L.emit_pointwise(out, f"E{n}", lambda c: f"float acc = {per.load(c)};", "loss", node=node)
-    return _finish_loss(L, node, per, str(node.kwargs.get("reduction", "mean")))
+    return _finish_loss(L, node, per, str(_kwargs(node).get("reduction", "mean")))
 
 
 def _mse(L: Lowering, node: fx.Node) -> Val:
@@ -1160,7 +1170,7 @@ def _l1(L: Lowering, node: fx.Node) -> Val:
 
 
 def _smooth_l1(L: Lowering, node: fx.Node) -> Val:
-    beta = float(node.kwargs.get("beta", 1.0))
+    beta = float(_kwargs(node).get("beta", 1.0))
     f = lambda name: fn(name, L.lang)  # noqa: E731
     if beta == 0.0:
         return _l1(L, node)
@@ -1175,7 +1185,7 @@ def _smooth_l1(L: Lowering, node: fx.Node) -> Val:
 
 
 def _huber(L: Lowering, node: fx.Node) -> Val:
-    delta = float(node.kwargs.get("delta", 1.0))
+    delta = float(_kwargs(node).get("delta", 1.0))
     f = lambda name: fn(name, L.lang)  # noqa: E731
     return _pointwise_loss(
         L,
@@ -1188,7 +1198,7 @@ def _huber(L: Lowering, node: fx.Node) -> Val:
 
 
 def _kl_div(L: Lowering, node: fx.Node) -> Val:
-    if node.kwargs.get("log_target"):
+    if _kwargs(node).get("log_target"):
         return _pointwise_loss(L, node, lambda a, b: f"({fn('exp', L.lang)}({b}) * (({b}) - ({a})))")
     return _pointwise_loss(
         L,
@@ -1200,19 +1210,19 @@ def _kl_div(L: Lowering, node: fx.Node) -> Val:
 
 
 def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
-    x, t = L.tensor(node.args[0]), L.tensor(node.args[1])
+    x, t = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     if (
         t.ctype != "long"
         or len(x.shape) != 2
-        or node.kwargs.get("weight") is not None
-        or float(node.kwargs.get("label_smoothing", 0.0)) != 0.0
+        or _kwargs(node).get("weight") is not None
+        or float(_kwargs(node).get("label_smoothing", 0.0)) != 0.0
     ):
         raise _unsupported("cross-entropy other than (N, C) logits with integer targets")
     n = L.order[node]
     L.fwd(f"S{n}_per = ({x.py_shape}[0],)")
     f = lambda name: fn(name, L.lang)  # noqa: E731
     C = x.dims[1]
-    ign = int(node.kwargs.get("ignore_index", -100))
+    ign = int(_kwargs(node).get("ignore_index", -100))
 
     def body(c: list[str]) -> str:
         r = L.fresh("r")
@@ -1229,7 +1239,7 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
         )
 
     per = L.emit_pointwise((x.shape[0],), f"S{n}_per", body, "xent")
-    if str(node.kwargs.get("reduction", "mean")) == "mean":  # torch: the mean over targets not ignored
+    if str(_kwargs(node).get("reduction", "mean")) == "mean":  # torch: the mean over targets not ignored
         cnt = L.emit_pointwise(
             (),
             "()",
@@ -1240,12 +1250,12 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
         return L.emit_pointwise(
             (), f"S{n}", lambda c: f"float acc = {tot.load([])} / {cnt.load([])};", "xentmean", node=node
         )
-    reduction = str(node.kwargs.get("reduction", "mean"))
+    reduction = str(_kwargs(node).get("reduction", "mean"))
     return _finish_loss(L, node, per, reduction)
 
 
 def _cosine(L: Lowering, node: fx.Node) -> Val:
-    a, b = L.tensor(node.args[0]), L.tensor(node.args[1])
+    a, b = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     full = tuple(torch.broadcast_shapes(torch.Size(a.shape), torch.Size(b.shape)))
     d = int(_arg(node, 2, "dim", 1)) % len(full)
     eps = float(_arg(node, 3, "eps", 1e-8))
@@ -1272,11 +1282,11 @@ def _cosine(L: Lowering, node: fx.Node) -> Val:
 
 
 def _sdpa(L: Lowering, node: fx.Node) -> Val:
-    q, k, v = (L.tensor(a) for a in node.args[:3])
+    q, k, v = (L.tensor(a) for a in _args(node)[:3])
     if (
         _arg(node, 3, "attn_mask") is not None
         or float(_arg(node, 4, "dropout_p", 0.0)) != 0.0
-        or node.kwargs.get("enable_gqa")
+        or _kwargs(node).get("enable_gqa")
     ):
         raise _unsupported("attention with a mask, dropout or grouped heads")
     causal = bool(_arg(node, 5, "is_causal", False))
