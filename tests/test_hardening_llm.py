@@ -553,7 +553,7 @@ def test_kf_run_without_a_model_stops_in_one_line_marks_the_run_failed_and_resum
         ],
         "ensemble": {"meta_every": 0},
         "tuner": {"every": -1},
-        "budget": {"generations": 1, "proposals_per_generation": 1},
+        "budget": {"generations": 1, "proposals_per_generation": 2},
         "evaluation": {"trials": 2, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 5, "target_time_s": 0.01,
                        "rotate_bytes": 0, "timeout_s": 60, "correctness_budget_s": 0.0},
     }  # fmt: skip
@@ -573,14 +573,44 @@ def test_kf_run_without_a_model_stops_in_one_line_marks_the_run_failed_and_resum
     assert conn.execute("SELECT COUNT(*) FROM loop_proposals").fetchone()[0] == 0
     conn.close()
     with LLMServer(port=port) as srv:  # the server is back: resume finishes the run
+        srv.openai.push(Status(400, "refused by the test"))
         srv.openai.responder = lambda body: Reply(fenced(vecadd(64, 2)))
         again = kf_run("resume", str(run_dir))
-        assert len(srv.calls("openai")) == 1  # generation 0 follows proposals_per_generation
+        assert len(srv.calls("openai")) == 2  # generation 0 follows proposals_per_generation
     assert again.returncode == 0, again.stderr[-3000:]
     conn = sqlite3.connect(run_dir / "kfoundry.db")
     assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
     outcomes = [r[0] for r in conn.execute("SELECT json_extract(record, '$.outcome') FROM loop_proposals")]
     assert outcomes.count("correct") >= 1 and len(outcomes) >= 1
     kinds = [r[0] for r in conn.execute("SELECT error_kind FROM llm_calls ORDER BY seq")]
-    assert kinds == ["unreachable", None]
-    assert "LLM: 1 calls, 1 failed (1 unreachable)" in again.stdout
+    assert kinds == ["unreachable", "refused", None]
+    # the refused call was shown as it happened, and both failures are counted in the summary
+    [shown] = [x for x in again.stderr.splitlines() if "call failed" in x]
+    assert "llm openai:m: generate call failed (refused, 1 attempts): HTTP 400: refused by the test" in shown
+    assert "LLM: 1 calls, 2 failed (1 refused, 1 unreachable)" in again.stdout
+
+
+def test_a_call_that_stopped_the_run_is_asked_again_by_a_resumed_run_and_skipped_by_replay(
+    tmp_path: Path,
+) -> None:
+    from kfoundry.core.store import Store
+    from kfoundry.plugins.llms.replay import ReplayOptions, ReplayProvider
+
+    port = free_port()
+    store = Store(tmp_path / "kfoundry.db")
+    p = make("openai", f"http://127.0.0.1:{port}/v1", tmp_path)
+    p.configure(recorder=Recorder(store, tmp_path / "calls.jsonl", run_id="r1"))
+    with pytest.raises(ModelUnreachable):
+        p.propose(request())
+    resumed = Recorder(store, tmp_path / "calls.jsonl", run_id="r1")  # what `kf-run resume` builds
+    with LLMServer(key=KEY, port=port) as srv:
+        srv.openai.push(Reply(fenced(vecadd(128))))
+        p.configure(recorder=resumed)
+        [live] = p.propose(request())
+    calls = load_recording(tmp_path / "calls.jsonl")
+    assert [(c.error_kind, c.occurrence) for c in calls] == [("unreachable", 0), (None, 0)]
+    replay = ReplayProvider(ReplayOptions(recording=str(tmp_path / "calls.jsonl")))
+    [again] = replay.propose(request())
+    assert again.candidate is not None and live.candidate is not None
+    assert again.candidate.source == live.candidate.source
+    store.close()

@@ -459,7 +459,7 @@ class LLMProvider(Generator):
                 local_in,
                 local_out,
             )
-            return local_in, local_out if not completion.usage else max(local_out, completion.tokens_out)
+            return local_in, (max(local_out, completion.tokens_out) if completion.usage else local_out)
         self.ledger.observe_prompt(nbytes, completion.tokens_in)
         if self.tokens.exact:
             return max(completion.tokens_in, local_in), max(completion.tokens_out, local_out)
