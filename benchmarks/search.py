@@ -1,14 +1,17 @@
-"""Compare search strategies (MAP-Elites, GA, random) at equal evaluation budgets over several seeds.
+"""Compare search strategies and descriptor sets at equal evaluation budgets over several seeds.
 
 Every run is a real optimize loop (offline generator, real evaluations on the chosen backend). All
-runs share one store, so a kernel proposed by two strategies is measured once and both see the same
-time: the comparison is about *what* each strategy finds, not about timing noise. Prints one row per
-(strategy, seed) and a summary per strategy: best speedup over the reference and over the naive seed
-kernel, and archive coverage (share of the 4x4x4 descriptor grid holding a correct elite).
+runs share one store, so a kernel proposed by two runs is measured once and both see the same time:
+the comparison is about *what* each run finds, not about timing noise. Prints one row per
+(descriptors, strategy, seed) and a summary per (descriptors, strategy): best speedup over the
+reference and over the naive seed kernel, archive coverage (share of the grid holding a correct elite:
+4x4x4 static, 4x4x4x4 measured) and the number of distinct cells those elites fill.
 
     python benchmarks/search.py                                  # matmul on PoCL, 3 seeds, 24 evaluations
+    python benchmarks/search.py --descriptors static,measured --strategies map_elites --seeds 1
     python benchmarks/search.py --problem examples/kernelbench/softmax.py --evaluations 30 --seeds 5
-    python benchmarks/search.py --backend cuda --shape M=4096 --shape N=4096 --shape K=4096   # on a GPU
+    python benchmarks/search.py --backend cuda --descriptors static,measured --strategies map_elites \\
+        --seeds 1 --initial 8                                    # the offline CUDA recipes, on the H200
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ FAST = [
 
 
 def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluations: int, backend: str,
-            store: Store, out: Path, fast: bool, initial: int) -> dict:
+            store: Store, out: Path, fast: bool, initial: int, descriptors: str = "static") -> dict:
     overrides = [f"search.name={strategy}", f"seed={seed}", f"budget.evaluations={evaluations}",
-                 "budget.generations=1000", "tuner.every=-1", f"backend.name={backend}", f"output_dir={out}"]
+                 "budget.generations=1000", "tuner.every=-1", f"backend.name={backend}", f"output_dir={out}",
+                 f"search.options.descriptors={descriptors}"]
     config = load_config(overrides=overrides + (FAST if fast else []))
     problem = load_problem(problem_path, shapes)
-    run_id, run_dir = new_run_dir(config, f"{problem.name}-{strategy}-s{seed}")
+    run_id, run_dir = new_run_dir(config, f"{problem.name}-{strategy}-{descriptors}-s{seed}")
     evaluator = Evaluator(problem, config, store, run_id)
     seed_kernel = find_seed_kernel(problem_path, evaluator.backend.language)
     loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, seed_kernel=seed_kernel,
@@ -47,7 +51,9 @@ def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluati
     t0 = time.monotonic()
     summary = loop.run()
     best = summary.best
+    cells = {tuple(c.coords) for c in loop.strategy.archive if c.record.is_correct}
     return {
+        "descriptors": descriptors, "cells": len(cells), "axes": ",".join(loop.space.names),
         "strategy": strategy, "seed": seed, "evaluations": summary.evaluations,
         "speedup": best.record.speedup if best and best.record.is_correct else None,
         "vs_seed": summary.speedup_over_seed, "coverage": summary.coverage,
@@ -70,6 +76,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--evaluations", type=int, default=24)
     parser.add_argument("--backend", default="opencl")
+    parser.add_argument("--descriptors", default="static,measured",
+                        help="comma-separated descriptor sets to compare (static, measured)")
     parser.add_argument("--initial", type=int, default=1,
                         help="generator seeds in generation 0 (1: only the naive recipe, so the search must climb)")
     parser.add_argument("--full-timing", action="store_true", help="use the default (slower) evaluation settings")
@@ -81,41 +89,45 @@ def main() -> None:
     shapes = parse_shape_overrides(args.shape)
     console = Console(width=max(Console().width, 180))
     rows = []
+    sets = args.descriptors.split(",")
     for seed in range(args.seeds):
-        for strategy in args.strategies.split(","):
-            row = run_one(Path(args.problem), shapes, strategy, seed, args.evaluations, args.backend, store, out,
-                          not args.full_timing, args.initial)
-            console.print(f"[dim]{strategy} seed {seed}: best {_fmt(row['speedup'])} ({row['best']}), "
-                          f"coverage {row['coverage']:.0%}, {row['wall_s']:.0f} s[/dim]")
-            rows.append(row)
+        for descriptors in sets:
+            for strategy in args.strategies.split(","):
+                row = run_one(Path(args.problem), shapes, strategy, seed, args.evaluations, args.backend, store,
+                              out, not args.full_timing, args.initial, descriptors)
+                console.print(f"[dim]{descriptors} {strategy} seed {seed}: best {_fmt(row['speedup'])} "
+                              f"({row['best']}), coverage {row['coverage']:.1%} ({row['cells']} cells), "
+                              f"{row['wall_s']:.0f} s[/dim]")
+                rows.append(row)
 
     table = Table(title=f"search strategies on {Path(args.problem).name} ({args.backend}), "
                         f"{args.evaluations} evaluations per run")
-    for col in ("strategy", "seed", "best kernel", "ms", "speedup vs reference", "vs naive seed", "roofline",
-                "coverage", "evals"):
+    for col in ("descriptors", "strategy", "seed", "best kernel", "ms", "speedup vs reference", "vs naive seed",
+                "roofline", "coverage", "cells", "evals"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}".replace("[", "\\["), _fmt(r["ms"], ".3f", ""),
+        table.add_row(r["descriptors"], r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}".replace("[", "\\["), _fmt(r["ms"], ".3f", ""),
                       _fmt(r["speedup"]), _fmt(r["vs_seed"], ".1f"),
                       _fmt(None if r["roofline"] is None else 100 * r["roofline"], ".0f", "%"),
-                      f"{r['coverage']:.0%}", str(r["evaluations"]))
+                      f"{r['coverage']:.1%}", str(r["cells"]), str(r["evaluations"]))
     console.print(table)
 
     summary = Table(title=f"per strategy over {args.seeds} seeds (median \\[min-max])")
-    for col in ("strategy", "best speedup vs reference", "vs naive seed", "coverage"):
+    for col in ("descriptors", "strategy", "best speedup vs reference", "vs naive seed", "coverage", "cells"):
         summary.add_column(col)
-    for strategy in args.strategies.split(","):
-        mine = [r for r in rows if r["strategy"] == strategy]
+    for descriptors, strategy in ((d, s) for d in sets for s in args.strategies.split(",")):
+        mine = [r for r in rows if r["strategy"] == strategy and r["descriptors"] == descriptors]
 
         def agg(key: str, mine: list[dict] = mine, pct: bool = False) -> str:
             vals = [r[key] for r in mine if r[key] is not None]
             if not vals:
                 return "-"
             if pct:
-                return f"{statistics.median(vals):.0%} [{min(vals):.0%}-{max(vals):.0%}]"
+                return f"{statistics.median(vals):.1%} [{min(vals):.1%}-{max(vals):.1%}]"
             return f"{statistics.median(vals):.2f}x [{min(vals):.2f}-{max(vals):.2f}]"
 
-        summary.add_row(strategy, agg("speedup"), agg("vs_seed"), agg("coverage", pct=True))
+        cells = statistics.median([r["cells"] for r in mine]) if mine else 0
+        summary.add_row(descriptors, strategy, agg("speedup"), agg("vs_seed"), agg("coverage", pct=True), f"{cells:g}")
     console.print(summary)
     console.print(f"runs and the shared store: {out}")
 

@@ -267,3 +267,20 @@ def test_opencl_measured_from_llvm_ir() -> None:
     assert n["hierarchy"] < 2 <= t["hierarchy"] and t["intensity"] > n["intensity"]
     assert space.cell(commented) == space.cell(tiled)
     assert space.features(tiled)["shared_bytes"] == 2048
+
+
+@needs_nvrtc
+def test_generation_requests_carry_the_run_space() -> None:
+    """A generator places kernels in the run's own space (``extra["descriptors"]``), static by default."""
+    from types import SimpleNamespace
+
+    from kfoundry.core.behaviour.run import extractor_for_request
+    from kfoundry.core.descriptors import PatternDescriptors
+
+    space = _space("cuda")
+    measured = SimpleNamespace(language="cuda", device=None, extra={"descriptors": space.describe()})
+    extractor = extractor_for_request(measured)
+    assert extractor.axes == space.names
+    assert extractor.cell(MM_TILED) == space.cell(_cand(MM_TILED, "cuda"))
+    static = SimpleNamespace(language="cuda", device=None, extra={})
+    assert isinstance(extractor_for_request(static), PatternDescriptors)

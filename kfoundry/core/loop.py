@@ -353,7 +353,8 @@ class OptimizeLoop:
             problem=self._summary, language=self.language, device=self.evaluator.device, mode=ask.mode,
             parent=ask.parent, inspirations=ask.inspirations, target_cell=ask.target_cell, n=1,
             seed=self.config.seed, generation=generation,
-            extra={**ask.extra, "index": index, "avoid": sorted(avoid), "island": ask.island},
+            extra={**ask.extra, "index": index, "avoid": sorted(avoid), "island": ask.island,
+                   "descriptors": self.space.describe()},
         )
 
     def _cell(self, candidate: Candidate | None) -> tuple[int, ...] | None:

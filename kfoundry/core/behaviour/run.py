@@ -1,13 +1,15 @@
-"""What the optimize loop needs from the descriptors: the run's space, the resume check, a record's features."""
+"""What the loop and generators need from the descriptors: the run's space, the resume check, a record's
+features, and the run's space as an extractor for a generation request (``extra["descriptors"]``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kfoundry.core.archive import Archive
-from kfoundry.core.behaviour.axes import STATIC_AXES, AxisSpec, describe
+from kfoundry.core.behaviour.axes import STATIC_AXES, AxisSpec, DescriptorChoice, describe
 from kfoundry.core.behaviour.space import DescriptorSpace, build_space, descriptor_choice
-from kfoundry.core.descriptors import DescriptorExtractor, measured_descriptors
+from kfoundry.core.descriptors import DescriptorExtractor, get_extractor, measured_descriptors
 from kfoundry.core.errors import KfError
 from kfoundry.core.models import Candidate, EvalRecord
 
@@ -56,3 +58,38 @@ def record_descriptors(
     }
     feats = space.features(candidate) if space.measured else {}
     return {**feats, **static, **levels, **measured_descriptors(record)}
+
+
+class SpaceExtractor(DescriptorExtractor):
+    """A run's descriptor space seen as an extractor of kernel sources (for generators placing recipes)."""
+
+    def __init__(self, space: DescriptorSpace, language: str) -> None:
+        self.space = space
+        self.language = language
+        self.axes = space.names
+
+    def extract(self, source: str) -> dict[str, int]:
+        feats = self.space.features(Candidate(source=source, language=self.language))
+        return {a.name: a.level(feats.get(a.name, 0.0)) for a in self.space.axes}
+
+
+_SPACES: dict[str, SpaceExtractor] = {}
+
+
+def extractor_for_request(request: Any) -> DescriptorExtractor:
+    """The extractor a generator should place kernels with: the run's space (``extra["descriptors"]``).
+
+    Requests without the key, or with the static axes, get the language's registered extractor.
+    """
+    data = request.extra.get("descriptors") if isinstance(getattr(request, "extra", None), dict) else None
+    static = describe([AxisSpec(name=n) for n in STATIC_AXES])
+    if not data or data == "static" or data == static:
+        return get_extractor(request.language)
+    key = json.dumps([request.language, data, getattr(request.device, "key", "")], sort_keys=True)
+    if key not in _SPACES:
+        choice: DescriptorChoice = (
+            "measured" if data == "measured" else [AxisSpec.model_validate(a) for a in data]
+        )
+        space = build_space(request.language, choice, device=getattr(request, "device", None))
+        _SPACES[key] = SpaceExtractor(space, request.language)
+    return _SPACES[key]

@@ -13,7 +13,8 @@ import math
 import random
 from typing import Any
 
-from kfoundry.core.descriptors import DescriptorExtractor, get_extractor
+from kfoundry.core.behaviour.run import extractor_for_request
+from kfoundry.core.descriptors import DescriptorExtractor
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported, ProblemSummary
 from kfoundry.core.models import Candidate, Outcome, ParamValue, Proposal, stable_hash
 from kfoundry.plugins.llms.offline import (
@@ -133,7 +134,7 @@ class OfflineGenerator(Generator):
         # a recipe that failed correctness at its defaults here is numerically unfit: leave it out
         unfit = {r.name for r in recipes if (r.name, stable_hash(dict(r.defaults))) in failed}
         recipes = [r for r in recipes if r.name not in unfit] or recipes
-        extractor = get_extractor(request.language)
+        extractor = extractor_for_request(request)  # the run's descriptor space
         rng = random.Random(f"{request.seed}:{request.generation}:{request.extra.get('index', 0)}")
         avoid = set(request.extra.get("avoid", []))
         out: list[Proposal] = []
