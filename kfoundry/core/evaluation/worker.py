@@ -748,8 +748,13 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
         t0 = time.monotonic()
         current = refill(slots[:1])
         drawing.append(time.monotonic() - t0)
-        _, ns, _ = judge.call(0, slots[:1], "warm-up", judge.device != "cpu")
-        warm.append(ns / 1e9)
+        _, ns, reply = judge.call(0, slots[:1], "warm-up", judge.device != "cpu")
+        events = reply.get("device_ms")
+        if judge.shared is not None and isinstance(events, list) and events and isinstance(events[0], (int, float)):
+            # on a GPU the batch is sized from the kernel's own time (its exchange is mostly fixed cost)
+            warm.append(max(float(events[0]) / 1e3, ns / 1e9 - (judge.exchange_ms or 0.0) / 1e3, 1e-7))
+        else:
+            warm.append(ns / 1e9)
     per_call = sorted(warm)[len(warm) // 2]
     per_draw = sorted(drawing)[len(drawing) // 2]
     differential = judge.job.timing_method == "differential"
@@ -800,21 +805,25 @@ def _timing(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     return summarize(samples), calls, verified
 
 
-#: The judge's clock, less calibrated overheads, beyond the device events by more than this share
-#: (and this many ms) is logged as a disagreement; either way the larger of the two counts.
-DISAGREEMENT_SHARE = 0.03
-DISAGREEMENT_MS = 0.05
+#: The device events of a batch count when the judge's clock, less the calibrated overheads, exceeds
+#: them by no more than this share, plus this much per call (the forward's own host work beyond what
+#: the timer hides: launch marshalling, the output's IPC export) and per batch (exchange jitter);
+#: beyond that the judge's clock counts. Measured on the H200 (benchmarks/NOTES.md): honest kernels
+#: exceed their events by 15-35 us per call at Level-1 sizes, up to ~120 us at tiny sizes.
+DEVICE_SHARE = 0.25
+DEVICE_PER_CALL_MS = 0.06
+DEVICE_PER_BATCH_MS = 0.5
 
 
 def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> float:
     """One timing sample (ms per call) from one batch.
 
-    Without calibration (the CPU) it is the judge's clock over the batch. On a device it is the judge's
-    clock less what the same exchange cost with an empty call and the device timer's own per-call
-    overhead (both measured before any candidate code ran, so the candidate cannot inflate them), or
-    the device events where they say more: no allowance a candidate's work could hide in. Faked small
+    Without calibration (the CPU) it is the judge's clock over the batch. On a device it is the device
+    events, unless the judge's clock less what the same exchange cost with an empty call and the device
+    timer's own per-call overhead (both measured before any candidate code ran, so the candidate cannot
+    inflate them) says more than the bounded margin above; then the judge's clock counts. Faked small
     events lose to the judge's clock, and work on another stream or left queued is on the judge's clock
-    (the exchange ends only once the GPU is idle).
+    (the exchange ends only once the GPU is idle); what can hide is bounded by the margin.
     """
     host = wall_ms / batch
     overhead, exchange = judge.timer_overhead_ms, judge.exchange_ms
@@ -830,12 +839,13 @@ def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> fl
             judge.disagreement_samples.append(f"{batch} calls: judge {wall_ms:.3f} ms, events unusable")
         return charged / batch
     judge.clock_pairs.append((events, charged))
-    if charged > events * (1 + DISAGREEMENT_SHARE) + DISAGREEMENT_MS:
+    if charged > events * (1 + DEVICE_SHARE) + DEVICE_PER_CALL_MS * batch + DEVICE_PER_BATCH_MS:
         judge.clock_disagreements += 1
         if len(judge.disagreement_samples) < 3:
             judge.disagreement_samples.append(f"{batch} calls: judge {charged:.3f} ms net of overheads, "
                                               f"events {events:.3f} ms")
-    return max(events, charged) / batch
+        return charged / batch
+    return events / batch
 
 
 # -- the job ------------------------------------------------------------------------------------
