@@ -187,13 +187,16 @@ class CudaBackend(Backend):
         if self._spin is None:
             self._spin = self.load(SPIN_SOURCE).kf_spin
         spin = self._spin
+        # the spin fills every SM (two 1024-thread blocks each), so no kernel of another stream can run
+        # inside the window it opens before the start event
+        spin_grid = (2 * torch.cuda.get_device_properties(self.torch_device).multi_processor_count,)
         flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.torch_device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def timed(call: Callable[[], object]) -> float:
             self.synchronize()
             flush.zero_()
-            spin(SPIN_NS, grid=1, block=1)
+            spin(SPIN_NS, grid=spin_grid, block=(1024,))
             t0 = time.perf_counter()
             start.record()
             call()

@@ -1,4 +1,4 @@
-"""problem=gelu shape N=16777216 expect=correct|mismatch max_speedup=1.15
+"""problem=gelu shape N=16777216 expect=correct|mismatch|runtime_error max_speedup=1.15
 Makes torch.cuda.synchronize and every Event wait a no-op, then queues four times the work: the runner answers before the GPU is done, hoping the clock stops at the answer."""
 import torch
 import torch.nn as nn
