@@ -55,6 +55,24 @@ TOOLS = {
     "list_plugins",
 }
 
+#: A problem no bundled generator writes kernels for: start_optimization refuses it before a folder exists.
+DETERMINANT = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.linalg.det(x)
+
+
+def get_inputs():
+    return [torch.rand(16, 4, 4)]
+
+
+def get_init_inputs():
+    return []
+"""
 #: The seed with its last pass not dividing by the sum: compiles, runs, and is wrong.
 BROKEN = (ROOT / SEED).read_text().replace("exp(row[j] - m) / s;", "exp(row[j] - m);")
 
@@ -126,9 +144,15 @@ async def evaluate_seed(s: ClientSession, runs_root: Path) -> dict[str, Any]:
     return seed
 
 
-async def malformed_calls(s: ClientSession, good: tuple[str, dict[str, Any]]) -> None:
+async def malformed_calls(s: ClientSession, good: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
     """Each malformed call answers one line; the server then serves the ``good`` call."""
+    (tmp_path / "determinant.py").write_text(DETERMINANT)
     bad = [
+        (
+            "start_optimization",
+            {"problem": str(tmp_path / "determinant.py")},
+            "offline generator: problem 'determinant' is not a known operation family",
+        ),
         ("evaluate_kernel", {"path": SEED}, "missing argument problem"),
         (
             "evaluate_kernel",
@@ -206,7 +230,7 @@ def test_evaluate_and_malformed_calls(tmp_path: Path) -> None:
         )
         assert broken["outcome"] == "mismatch" and broken["timing"] is None
         assert broken["message"] and "\n" not in broken["message"]
-        await malformed_calls(s, ("list_plugins", {}))
+        await malformed_calls(s, ("list_plugins", {}), tmp_path)
         devices = await call(s, "list_devices", {})
         assert any(b["backend"] == "opencl" and b["devices"] for b in devices["backends"])
         assert (await call(s, "search_kernels", {}))["kernels"] == []  # no run folder yet
@@ -269,7 +293,7 @@ def test_agent_session_end_to_end(tmp_path: Path) -> None:
         assert from_cli.pop("cached") is True and seed.pop("cached") is False
         assert from_cli == seed
 
-        await malformed_calls(s, ("run_status", {"run_id": run_id}))
+        await malformed_calls(s, ("run_status", {"run_id": run_id}), tmp_path)
         status = await poll(s, run_id)
         assert status["status"] == "finished", status
         failed = await poll(s, failing)

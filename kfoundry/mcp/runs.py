@@ -16,11 +16,12 @@ import sys
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kfoundry.core.commands.optimize import budget_total
-from kfoundry.core.config import load_config
-from kfoundry.core.errors import KfError, ProblemError
+from kfoundry.core.config import RunConfig, load_config
+from kfoundry.core.errors import ConfigError, KfError, ProblemError
+from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary, refuse_unsupported
 from kfoundry.core.loop import (
     RUN_FILE,
     STORE_FILE,
@@ -30,9 +31,13 @@ from kfoundry.core.loop import (
     write_run_file,
 )
 from kfoundry.core.models import Candidate, EvalRecord
+from kfoundry.core.plugins import get_plugin
 from kfoundry.core.store import Store
 from kfoundry.mcp.models import RunStatusArgs, StartOptimizationArgs
 from kfoundry.mcp.settings import ServerSettings, backend_language
+
+if TYPE_CHECKING:
+    from kfoundry.core.problem import Problem
 
 PROCESS_FILE = "mcp.json"
 LOG_FILE = "mcp.log"
@@ -121,6 +126,26 @@ def _pid_runs(pid: int, folder: Path) -> bool:
     return state != "Z" and str(folder).encode() in cmdline
 
 
+def refuse_unsupported_problem(config: RunConfig, problem: Problem, language: str) -> None:
+    """A config error when every configured generator's ``check`` refuses the (KernelBench) problem."""
+    if problem.format != "kernelbench":
+        return
+    try:
+        generators = [get_plugin("llm", c.name).build(c.options) for c in config.llms]
+    except KfError:
+        return  # the run reports an unknown generator with its context
+    summary = ProblemSummary(
+        name=problem.name,
+        reference_source=problem.source,
+        shapes=dict(problem.shapes),
+        path=str(problem.path),
+    )
+    try:
+        refuse_unsupported(generators, summary, language)
+    except GeneratorUnsupported as exc:
+        raise ConfigError(str(exc)) from None
+
+
 class RunManager:
     """Starts runs as child processes and reports on run folders (its own and any other)."""
 
@@ -132,20 +157,25 @@ class RunManager:
     # -- start -------------------------------------------------------------------------------------
 
     def start(self, args: StartOptimizationArgs) -> dict[str, Any]:
-        """Validate the run's inputs (config, problem, seed), write its folder and start its child."""
+        """Validate the run's inputs (config, problem, seed, the generators' support) as ``kf-run PROBLEM``
+        does, write its folder and start its child."""
+        from kfoundry.api import shape_sets_of
         from kfoundry.core.problem import load_problem
 
-        config = self.settings.config(args.overrides, backend=args.backend)
+        config = self.settings.config(args.overrides, backend=args.backend, shapes=args.shapes)
         path = Path(args.problem).resolve()
-        shapes = {**config.problem.shapes, **args.shapes}
+        sets = shape_sets_of(config)
+        shapes = sets[0]
         problem = load_problem(path, shapes)  # a malformed problem or an unknown shape fails here, at once
-        seed = find_seed_kernel(path, backend_language(config))
+        language = backend_language(config)
+        refuse_unsupported_problem(config, problem, language)
+        seed = find_seed_kernel(path, language)
         if args.seed_kernel is not None:
             seed = Path(args.seed_kernel).resolve()
             if not seed.is_file():
                 raise ProblemError(f"seed kernel not found: {args.seed_kernel}")
         run_id, folder = new_run_dir(config, problem.name)
-        write_run_file(folder, run_id, path, shapes, config, seed)
+        write_run_file(folder, run_id, path, shapes, config, seed, shape_sets=sets)
         with Store(folder / STORE_FILE) as store:  # as `kf-run PROBLEM` does before its loop starts
             store.save_run(run_id, problem.name, config.model_dump(mode="json"))
         argv = [sys.executable, "-c", _CHILD, "resume", str(folder)]

@@ -33,9 +33,14 @@ class ServerSettings:
         return cls(runs_root=root.resolve(), base=base)
 
     def config(
-        self, overrides: dict[str, Any], backend: str | None = None, validate_plugins: bool = True
+        self,
+        overrides: dict[str, Any],
+        backend: str | None = None,
+        shapes: dict[str, int | float] | None = None,
+        validate_plugins: bool = True,
     ) -> RunConfig:
-        """The base config with a call's overrides (dotted key paths) applied, writing under the runs root."""
+        """The base config with a call's overrides (dotted key paths), backend and shapes (validated as
+        ``problem.shapes``, over the base config's) applied, writing under the runs root."""
         raw = copy.deepcopy(self.base)
         for key, value in overrides.items():
             path = [part for part in key.split(".") if part]
@@ -45,7 +50,9 @@ class ServerSettings:
                 raise ConfigError("overrides.output_dir: set by the server (kf-run mcp --runs-root)")
             apply_override(raw, path, value)
         if backend is not None:
-            raw.setdefault("backend", {})["name"] = backend
+            apply_override(raw, ["backend", "name"], backend)
+        for name, value in (shapes or {}).items():
+            apply_override(raw, ["problem", "shapes", name], value)
         raw["output_dir"] = str(self.runs_root)
         return load_config(data=raw, validate_plugins=validate_plugins)
 

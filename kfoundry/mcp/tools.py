@@ -30,7 +30,7 @@ def evaluate_kernel(settings: ServerSettings, args: EvaluateKernelArgs) -> dict[
         overrides["backend.device"] = args.device
     if args.no_cache:
         overrides["evaluation.cache"] = False
-    config = settings.config(overrides, backend=args.backend, validate_plugins=False)
+    config = settings.config(overrides, backend=args.backend, shapes=args.shapes, validate_plugins=False)
     candidate: str | Candidate
     if args.path is not None:
         candidate = args.path  # read after the problem is loaded, as `kf-run eval` does
@@ -44,7 +44,7 @@ def evaluate_kernel(settings: ServerSettings, args: EvaluateKernelArgs) -> dict[
             label="mcp-source",
         )
     with _EVAL_LOCK:
-        record = evaluate(args.problem, candidate, config, dict(args.shapes), dict(args.params))
+        record = evaluate(args.problem, candidate, config, params=dict(args.params))
     data: dict[str, Any] = json.loads(record.model_dump_json())
     return data
 
