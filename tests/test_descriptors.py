@@ -138,3 +138,35 @@ def test_descriptor_choice_in_the_search_options(kf_config) -> None:
         with pytest.raises((ValidationError, Exception)) as info:
             build_plugin(kf_config({"search": {"options": {"descriptors": bad}}}).search, "search")
         assert words in str(info.value)
+
+
+def test_prompts_describe_the_target_cell_in_the_run_space() -> None:
+    from kfoundry.core.behaviour.axes import describe, resolve
+    from kfoundry.core.generator import GenerationRequest, ProblemSummary
+    from kfoundry.core.llm.prompts import PromptBuilder
+    from kfoundry.core.models import DeviceProfile
+
+    problem = ProblemSummary(
+        name="vadd",
+        reference_source="class Model: ...",
+        shapes={"N": 64},
+        input_shapes=[[64]],
+        input_dtypes=["float32"],
+        output_shapes=[[64]],
+        bytes_moved=512,
+        flops=64.0,
+    )
+    device = DeviceProfile(backend="cuda", name="H200", device_type="gpu")
+    request = GenerationRequest(
+        problem=problem,
+        language="cuda",
+        device=device,
+        target_cell=(1, 2, 3, 0),
+        extra={"descriptors": describe(resolve("measured"))},
+    )
+    text = PromptBuilder().generation(request).user
+    assert "- hierarchy level 2: shared/local memory or warp shuffles" in text
+    assert "- mix level 3: fp64 or tensor-core instructions" in text
+    assert "- occupancy level 0: below 0.25 theoretical occupancy" in text
+    static = request.model_copy(update={"extra": {}, "target_cell": (2, 0, 1)})
+    assert "- memory level 2: local-memory tiling" in PromptBuilder().generation(static).user

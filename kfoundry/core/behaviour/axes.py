@@ -116,3 +116,57 @@ def axes_of_config(config: dict[str, object]) -> list[AxisSpec]:
         return resolve(choice if isinstance(choice, str | list) else "static")  # type: ignore[arg-type]
     except ValueError:
         return resolve("static")
+
+
+#: What each level of the ordinal measured axes means (for prompts and reports).
+LEVEL_TEXT: dict[str, list[str]] = {
+    "memory": [
+        "naive global accesses",
+        "coalesced / vectorised",
+        "local-memory tiling",
+        "register blocking + double buffering",
+    ],
+    "compute": ["multi-pass", "fused / FMA", "single-pass / streaming / online", "tiled / blocked algorithm"],
+    "parallelism": ["work-item only", "work-group barriers", "sub-group / warp intrinsics", "hierarchical"],
+    "hierarchy": [
+        "scalar global accesses only",
+        "vector or read-only-cache loads",
+        "shared/local memory or warp shuffles",
+        "shared memory and shuffles, or async copies",
+    ],
+    "mix": [
+        "almost no floating-point work",
+        "fp32 arithmetic",
+        "special functions or half precision",
+        "fp64 or tensor-core instructions",
+    ],
+}
+_UNITS = {"intensity": " FLOP/byte (compiled code)", "occupancy": " theoretical occupancy"}
+
+
+def level_texts(axis: AxisSpec) -> list[str]:
+    """One phrase per level of ``axis``: the meaning of an ordinal level, else its value range."""
+    if axis.name in LEVEL_TEXT and axis.edges is None:
+        return LEVEL_TEXT[axis.name]
+    edges, unit = axis.bins, _UNITS.get(axis.name, f" {axis.name.replace('_', ' ')}")
+    texts = [f"below {edges[0]:g}{unit}"]
+    texts += [f"{lo:g} to {hi:g}{unit}" for lo, hi in zip(edges, edges[1:], strict=False)]
+    return texts + [f"{edges[-1]:g} or more{unit}"]
+
+
+def axis_descriptions(data: object) -> list[tuple[str, list[str]]] | None:
+    """(name, level phrases) per axis of a space's ``describe()`` data; None when ``data`` is not one."""
+    if not isinstance(data, list) or not data:
+        return None
+    try:
+        axes = [AxisSpec.model_validate(a) for a in data]
+    except ValueError:
+        return None
+    out = []
+    for axis, raw in zip(axes, data, strict=True):
+        default = DEFAULT_EDGES[axis.name]
+        plain = isinstance(raw, dict) and [float(e) for e in raw.get("edges") or []] == [
+            float(e) for e in default
+        ]
+        out.append((axis.name, level_texts(AxisSpec(name=axis.name) if plain else axis)))
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 
 import jinja2
 
+from kfoundry.core.behaviour.axes import axis_descriptions
 from kfoundry.core.generator import Attempt, GenerationRequest
 from kfoundry.core.llm.sections import DEFAULT_SECTIONS, SECTION_TITLES
 from kfoundry.core.models import DeviceProfile, Proposal
@@ -187,7 +188,7 @@ class PromptBuilder:
             "parent": attempt_view(request.parent) if request.parent else None,
             "inspirations": [attempt_view(a, source_limit=5000, log_limit=600) for a in request.inspirations],
             "target": list(request.target_cell) if request.target_cell is not None else None,
-            "descriptors": DESCRIPTORS,
+            "descriptors": axis_descriptions(request.extra.get("descriptors")) or DESCRIPTORS,
             "sections": [
                 (SECTION_TITLES.get(k, k.replace("_", " ").capitalize()), v) for k, v in sections.items() if v
             ],
