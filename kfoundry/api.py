@@ -145,6 +145,8 @@ class ExportResult(BaseModel):
     module: str
     entries: int
     header: Path | None = None
+    #: Entries left out because they failed the export-time check on this machine (and why).
+    rejected: list[str] = Field(default_factory=list)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -198,7 +200,21 @@ def _candidate(candidate: Candidate | str | Path, params: dict[str, ParamValue] 
 
 def result_of(loop: OptimizeLoop, summary: LoopSummary) -> OptimizeResult:
     """The typed result of a finished loop."""
+    from kfoundry.core.search import SearchResult
+
     best = summary.best
+    if best is None:  # a budget stopped generation 0 before the strategy was told: its fastest correct row
+        done = [
+            r for r in loop.rows() if r.candidate is not None and r.record is not None and r.record.is_correct
+        ]
+        fastest = max(done, key=lambda r: r.record.speedup or 0.0 if r.record else 0.0, default=None)
+        if fastest is not None and fastest.candidate is not None and fastest.record is not None:
+            best = SearchResult(
+                ask=fastest.ask,
+                candidate=fastest.candidate,
+                record=fastest.record,
+                coords=fastest.coords or (),
+            )
     seed = loop.seed_record
     seed_result = None
     if seed is not None:
@@ -329,9 +345,30 @@ def optimize(
         raise ConfigError(f"problem file not found: {path}")
     all_sets = shape_sets_of(cfg, shapes, shape_sets)
     seed = Path(seed_kernel) if seed_kernel else find_seed_kernel(path, _language(cfg))
+    _refuse_unsupported(cfg, path, all_sets[0], _language(cfg))  # before the run folder exists
     run_id, run_dir = new_run_dir(cfg, path.stem)
     write_run_file(run_dir, run_id, path, all_sets[0], cfg, seed, shape_sets=all_sets)
     return run_folder(cfg, path, all_sets, run_id, run_dir, seed, observer, report=report)
+
+
+def _refuse_unsupported(cfg: RunConfig, path: Path, shapes: dict[str, Any], language: str) -> None:
+    """Stop with a config error when every configured generator's ``check`` refuses the KernelBench problem."""
+    from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary, refuse_unsupported
+    from kfoundry.core.plugins import get_plugin
+
+    if path.suffix != ".py":
+        return
+    try:
+        generators = [get_plugin("llm", c.name).build(c.options) for c in cfg.llms]
+    except KfError:
+        return  # the run reports an unknown generator with its context
+    summary = ProblemSummary(
+        name=path.stem, reference_source=path.read_text(), shapes=dict(shapes), path=str(path)
+    )
+    try:
+        refuse_unsupported(generators, summary, language)
+    except GeneratorUnsupported as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def resume(
@@ -420,10 +457,11 @@ def tune(
 
 
 def export(
-    run_dir: str | Path, to: str | Path, *, header: bool = False, name: str | None = None
+    run_dir: str | Path, to: str | Path, *, header: bool = False, name: str | None = None, verify: int = 5
 ) -> ExportResult:
     """Write RUN_DIR's kernels as an importable package at ``to`` (dispatch by device, dtype and shape,
-    reference fallback); ``header`` also writes a C header of per-device, per-shape defines."""
+    reference fallback); ``header`` also writes a C header of per-device, per-shape defines. Each entry
+    is checked against the reference on ``verify`` fresh inputs here first; one that fails is left out."""
     from kfoundry.core.report.export import export_run
 
-    return export_run(Path(run_dir), Path(to), header=header, name=name)
+    return export_run(Path(run_dir), Path(to), header=header, name=name, verify=verify)

@@ -213,4 +213,6 @@ def parse_shape_sets(items: tuple[str, ...] | list[str]) -> list[dict[str, int |
             if value not in bucket:
                 bucket.append(value)
     names = list(values)
+    if not names:
+        return []
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(values[n] for n in names))]

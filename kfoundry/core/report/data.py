@@ -249,6 +249,11 @@ def _load(folder: Path, info: dict[str, Any], run_id: str, conn: sqlite3.Connect
         except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
             raise RunFolderError(f"{best_file}: unreadable: {exc}") from None
     seed = next((e for e in evaluations if e.candidate is not None and e.candidate.meta.get("seed")), None)
+    if best is None:  # no best.json: a budget stopped generation 0; its fastest correct evaluation
+        done = [e for e in evaluations if e.candidate is not None and e.record.is_correct]
+        fastest = max(done, key=lambda e: e.record.speedup or 0.0, default=None)
+        if fastest is not None and fastest.candidate is not None:
+            best = (fastest.candidate, fastest.record)
     sets = info.get("shape_sets") or [info.get("shapes") or {}]
     return RunData(
         run_dir=folder,
@@ -368,6 +373,14 @@ def run_overview(run_dir: Path) -> dict[str, Any]:
             "ORDER BY speedup DESC LIMIT 1",
             (run_id,),
         )
+        if not best:  # no generation finished: the fastest correct evaluation so far
+            best = _rows(
+                conn,
+                "SELECT json_extract(candidate, '$.label') AS label, json_extract(record, '$.speedup') "
+                "AS speedup FROM loop_proposals WHERE run_id=? AND json_extract(record, '$.outcome')="
+                "'correct' ORDER BY speedup DESC LIMIT 1",
+                (run_id,),
+            )
         if best:
             out.update(best_speedup=best[0]["speedup"], best_label=best[0]["label"])
     except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:

@@ -11,6 +11,7 @@ per-shape ``#define``s (Kernel Tuner's ``TARGET_<device>`` convention).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -20,6 +21,8 @@ from kfoundry.api import ExportResult
 from kfoundry.core.errors import ConfigError
 from kfoundry.core.models import Candidate
 from kfoundry.core.report.data import RunData, RunFolderError, best_per_shape, load_run, per_shape_results
+
+log = logging.getLogger(__name__)
 
 TABLE_FILE = "table.json"
 PERF_FILE = "perf.json"
@@ -190,7 +193,53 @@ def _shape_blocks(group: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def export_run(run_dir: Path, to: Path, *, header: bool = False, name: str | None = None) -> ExportResult:
+def _close(got: Any, want: Any, atol: float, rtol: float) -> bool:
+    import torch
+
+    gots = list(got) if isinstance(got, (tuple, list)) else [got]
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    return len(gots) == len(wants) and all(
+        isinstance(g, torch.Tensor)
+        and g.shape == w.shape
+        and g.dtype == w.dtype
+        and bool(torch.allclose(g, w, atol=atol, rtol=rtol, equal_nan=True))
+        for g, w in zip(gots, wants, strict=True)
+    )
+
+
+def verify_package(to: Path, trials: int, atol: float = 1e-4, rtol: float = 1e-4) -> dict[int, str]:
+    """Run every entry of a written package against the reference on ``trials`` fresh inputs (through the
+    package's own loader, in this process); returns why each failing entry failed."""
+    import importlib.util
+
+    from kfoundry.core.problem import load_problem
+
+    spec = importlib.util.spec_from_file_location("_kf_export_check", to / "_dispatch.py")
+    if spec is None or spec.loader is None:  # pragma: no cover - the file was just written
+        raise ConfigError(f"{to}: cannot load _dispatch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dispatcher = module.Dispatcher(to)
+    failed: dict[int, str] = {}
+    for i, entry in enumerate(dispatcher.entries):
+        problem = load_problem(dispatcher.reference_file, entry["shapes"])
+        reference = problem.make_reference()
+        for t in range(trials):
+            inputs = problem.make_inputs(7919 + t)
+            try:
+                got = dispatcher._model(i)(*inputs)
+            except Exception as exc:  # a kernel that does not build or launch here
+                failed[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                break
+            if not _close(got, reference(*inputs), atol, rtol):
+                failed[i] = f"differs from the reference on trial {t + 1} of {trials}"
+                break
+    return failed
+
+
+def export_run(
+    run_dir: Path, to: Path, *, header: bool = False, name: str | None = None, verify: int = 5
+) -> ExportResult:
     """Write the package (see the module docstring); refuses a non-empty folder that is not an export."""
     run = load_run(run_dir)
     module = name or to.name
@@ -212,8 +261,25 @@ def export_run(run_dir: Path, to: Path, *, header: bool = False, name: str | Non
     for file, cand in sources.items():
         (to / file).write_text(cand.source)
     (to / "_dispatch.py").write_text((Path(__file__).parent / "dispatch.py").read_text())
-    table = {"problem": run.problem, "run_id": run.run_id, "reference": reference, "entries": entries}
+    table: dict[str, Any] = {
+        "problem": run.problem,
+        "run_id": run.run_id,
+        "reference": reference,
+        "entries": entries,
+        "rejected": [],
+    }
     (to / TABLE_FILE).write_text(json.dumps(table, indent=2))
+    if verify > 0:  # each entry once more on this machine, through the package's own loader
+        ev = run.config.get("evaluation", {})
+        failed = verify_package(to, verify, atol=ev.get("atol") or 1e-4, rtol=ev.get("rtol") or 1e-4)
+        for i, why in sorted(failed.items()):
+            e = entries[i]
+            log.warning(
+                "export: %s on %s left out (the reference runs there): %s", e["label"], e["shapes"], why
+            )
+            table["rejected"].append({**e, "reason": why})
+        table["entries"] = [e for i, e in enumerate(entries) if i not in failed]
+        (to / TABLE_FILE).write_text(json.dumps(table, indent=2))
     (to / PERF_FILE).write_text(json.dumps(_perf(run), indent=2))
     func = _identifier(run.problem)
     func = func if func.isidentifier() and func not in {"Kernel", "dispatcher"} else "run"
@@ -225,5 +291,11 @@ def export_run(run_dir: Path, to: Path, *, header: bool = False, name: str | Non
     header_path = None
     if header:
         header_path = to / f"{func}.h"
-        header_path.write_text(render_header(run.problem, entries))
-    return ExportResult(package_dir=to, module=module, entries=len(entries), header=header_path)
+        header_path.write_text(render_header(run.problem, table["entries"]))
+    return ExportResult(
+        package_dir=to,
+        module=module,
+        entries=len(table["entries"]),
+        header=header_path,
+        rejected=[f"{e['label']} on {e['shapes']}: {e['reason']}" for e in table["rejected"]],
+    )
