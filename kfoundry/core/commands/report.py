@@ -23,9 +23,13 @@ from kfoundry import hookimpl
 )
 def command(run_dir: str, out: str | None) -> None:
     """Write RUN_DIR's report: one HTML file with its charts inlined (opens offline)."""
+    from kfoundry.core.errors import KfError
     from kfoundry.core.report import write_report
 
-    path = write_report(Path(run_dir), out)
+    try:
+        path = write_report(Path(run_dir), out)
+    except ImportError as exc:  # plotly missing: the report extra
+        raise KfError(str(exc)) from None
     click.echo(f"report: {path}")
 
 
