@@ -533,6 +533,13 @@ def reduce(
 
     del kept
 
+    total_r = math.prod(src.shape[k] for k in dims)
+    split = op in ("sum", "mean", "max", "min") or (op == "norm" and p in (1.0, 2.0))
+    if split and total_r >= SPLIT_MIN and math.prod(out) <= SPLIT_MAX_OUT:
+        decl = node if pick_node is None and epilogue else None
+        count_py = " * ".join(f"{S}[{k}]" for k in dims) or "1"
+        return _split_reduce(L, src, op, p, tag, out, count, count_py, in_coords, divide_by, decl)
+
     def body(c: list[str]) -> str:
         x = lambda q: src.load(in_coords(c, q))  # noqa: E731
         f = lambda name: fn(name, L.lang)  # noqa: E731
@@ -596,6 +603,68 @@ def reduce(
     ctype = "long" if op.startswith("arg") else "float"
     decl_node = node if pick_node is None and epilogue else None
     return L.emit_pointwise(out, f"S{tag}", body, op, ctype, node=decl_node)
+
+
+#: Long reductions with few outputs run in two kernels: partial results per SPLIT_PART terms, then their
+#: combination (every output gets many work items; the partials are a pairwise level of the sum).
+SPLIT_MIN = 8192
+SPLIT_MAX_OUT = 4096
+SPLIT_PART = 1024
+
+
+def _split_reduce(
+    L: Lowering,
+    src: Val,
+    op: str,
+    p: float,
+    tag: str,
+    out: tuple[int, ...],
+    count: str,
+    count_py: str,
+    in_coords: Callable[[list[str], str], list[str]],
+    divide_by: str,
+    node: fx.Node | None,
+) -> Val:
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    L.fwd(f"R{tag} = (_prod(S{tag}), _cdiv({count_py}, {SPLIT_PART}))")
+    total_r = math.prod(src.shape) // max(math.prod(out), 1)
+    odims = L.shape_dims(f"S{tag}", out)
+    term = {"norm": (lambda v: f"(({v}) * ({v}))") if p == 2.0 else (lambda v: f"{f('fabs')}({v})")}.get(
+        op, lambda v: v
+    )
+
+    def fold(acc: str, n: str, x: Callable[[str], str], first: bool) -> str:
+        if op in ("max", "min"):
+            q = L.fresh("q")
+            cmp = ">" if op == "max" else "<"
+            init = "-INFINITY" if op == "max" else "INFINITY"
+            return (
+                f"float {acc} = {init}; for (kf_long {q} = 0; {q} < {n}; ++{q}) "
+                f"{{ float v = {x(q)}; {_nan_max(acc, 'v', cmp)} }}"
+            )
+        return chunked_sum(L, acc, n, (lambda q: term(x(q))) if first else x)
+
+    def partial_body(c: list[str]) -> str:
+        start = f"(({c[1]}) * {SPLIT_PART})"
+        here = f"(({count}) - {start} < {SPLIT_PART} ? ({count}) - {start} : (kf_long){SPLIT_PART})"
+        oc = unflat(c[0], odims) if odims else []
+        return fold("acc", here, lambda q: src.load(in_coords(oc, f"({start} + {q})")), True)
+
+    parts = L.emit_pointwise(
+        (math.prod(out), -(-total_r // SPLIT_PART)), f"R{tag}", partial_body, f"{op}part"
+    )
+    P = parts.dims[1]
+
+    def final_body(c: list[str]) -> str:
+        flat = horner(c, odims) if c else "0"
+        s = fold("acc", P, lambda q: parts.load([flat, q]), False)
+        if op == "mean":
+            s += f"\n        acc = acc / (float)({count});"
+        if op == "norm" and p == 2.0:
+            s += f"\n        acc = {f('sqrt')}(acc);"
+        return s + (f"\n        acc = acc / (float)({divide_by});" if divide_by else "")
+
+    return L.emit_pointwise(out, f"S{tag}", final_body, op, node=node)
 
 
 _REDUCE_NAMES = {
