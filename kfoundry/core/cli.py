@@ -76,6 +76,10 @@ def cli(ctx: click.Context, debug: bool, verbose: int, quiet: bool) -> None:
     ctx.obj["terminal"] = configure_logging(verbose, quiet)
 
 
+#: The stderr console of a terminal session: log records and the progress bar share it.
+terminal_console: Any = None
+
+
 def configure_logging(verbose: int = 0, quiet: bool = False, stream: Any = None) -> bool:
     """Send the ``kfoundry`` loggers to stderr; True when it is a terminal (a progress bar is drawn).
 
@@ -93,7 +97,9 @@ def configure_logging(verbose: int = 0, quiet: bool = False, stream: Any = None)
         from rich.console import Console
         from rich.logging import RichHandler
 
-        handler = RichHandler(console=Console(file=stream), show_path=False, markup=False)
+        global terminal_console
+        terminal_console = Console(file=stream)
+        handler = RichHandler(console=terminal_console, show_path=False, markup=False)
         level = logging.WARNING if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     else:
         handler = logging.StreamHandler(stream)

@@ -129,7 +129,11 @@ def cli_observer(config: RunConfig) -> RichObserver | None:
     """A progress bar on a terminal (stderr); None without one (the log lines say it all)."""
     ctx = click.get_current_context(silent=True)
     terminal = bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("terminal"))
-    return RichObserver(Console(stderr=True), budget_total(config)) if terminal else None
+    if not terminal:
+        return None
+    from kfoundry.core import cli
+
+    return RichObserver(cli.terminal_console or Console(stderr=True), budget_total(config))
 
 
 def finish(result: OptimizeResult, as_json: bool, console: Console | None = None) -> None:
