@@ -239,7 +239,7 @@ class Evaluator:
     def _remeasure(self, candidate: Candidate, key: str, first: EvalRecord) -> EvalRecord:
         """A flagged kernel measured again, in a fresh job, by the differential method.
 
-        Kept (with the slower of the two times) only if the second measurement is correct and not
+        Kept (with its first time) only if the second measurement is correct and not
         more than :data:`REMEASURE_TOLERANCE` times slower than the first; otherwise rejected, with
         both times, so it can never become an elite or be exported.
         """
@@ -255,10 +255,10 @@ class Evaluator:
                 f"flagged ({first.speedup:.1f}x) and re-measured: the differential method took "
                 f"{second.timing.median_ms:.4g} ms per call, {ratio:.2f}x the first measurement "
                 f"({first.timing.median_ms:.4g} ms): the two timing methods disagree")))
-        slower = second if ratio > 1 else None
+        # the first (standard) time stays: the differential one is the cross-check, coarser on a GPU
         result = JobResult(outcome=Outcome.correct, message=first.message + (
             f"; flagged, re-measured by the differential method: {second.timing.median_ms:.4g} ms per call "
-            f"({ratio:.2f}x)"), log=first.log, timing=slower.timing if slower else first.timing,
+            f"({ratio:.2f}x)"), log=first.log, timing=first.timing,
             compile_time_s=first.compile_time_s, resources=first.resources)
         return self._record(candidate, key, result)
 
