@@ -97,8 +97,9 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
         # torch's vectorised CPU GELU returns NaN at +-inf; the OpenCL (CPU) kernels do the same: (a - a)
         "gelu": lambda: (f"(0.5f * ({a}) * (1.0f + {f('erf')}(({a}) * 0.7071067811865476f))"
                          + (f" + (({a}) - ({a})))" if lang == "opencl" else ")")),
+        # 0.5 * a * (1 + tanh(u)) = a * sigmoid(2u): one exp, no tanhf and no powf
         "gelu_tanh": lambda: (
-            f"(0.5f * ({a}) * (1.0f + {f('tanh')}(0.7978845608028654f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))"
+            f"(({a}) / (1.0f + {f('exp')}(-1.5957691216057308f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))"
         ),
         "silu": lambda: f"(({a}) / (1.0f + {f('exp')}(-({a}))))",
         "mish": lambda: f"(({a}) * {f('tanh')}({f('log1p')}({f('exp')}({a}))))",

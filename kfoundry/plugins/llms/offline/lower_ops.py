@@ -506,11 +506,12 @@ def reduce(
     correction: float = 1.0,
     divide_by: str = "",
     epilogue: bool = True,
+    suffix: str = "",
 ) -> Val:
     """Reduce ``src`` over ``dims`` with ``op`` (sum mean prod max min argmax argmin norm lse var std)."""
     nd = len(src.shape)
     n = L.order[node]
-    tag = f"{n}_{pick_node}" if pick_node is not None else f"{n}"
+    tag = (f"{n}_{pick_node}" if pick_node is not None else f"{n}") + suffix
     S = src.py_shape
     L.fwd(f"S{tag} = _rshape({S}, {tuple(dims)!r}, {keep})")
     out = tuple((1 if k in dims else v) for k, v in enumerate(src.shape) if keep or k not in dims)
@@ -803,6 +804,37 @@ def _norm_rows(
     f = lambda name: fn(name, L.lang)  # noqa: E731
     rd = [src.dims[k] for k in row_dims]
     count = " * ".join(f"(kf_long){d}" for d in rd)
+    if mean_var is not None or math.prod(src.shape[k] for k in row_dims) >= SPLIT_MIN:
+        # long rows (or given statistics): split reductions for the mean and the variance of the
+        # deviations, then one work item per element
+        if mean_var is None:
+            mu = reduce(L, node, src, "mean", row_dims, True, epilogue=False, suffix="mu")
+            dev = Val(
+                src.shape,
+                src.dims,
+                lambda c: (
+                    f"((({src.load(c)}) - ({L.broadcast_load(mu, c, src.shape)})) * "
+                    f"(({src.load(c)}) - ({L.broadcast_load(mu, c, src.shape)})))"
+                ),
+                src.py_shape,
+            )
+            var = reduce(L, node, dev, "mean", row_dims, True, epilogue=False, suffix="var")
+            stats = (
+                lambda c: L.broadcast_load(mu, c, src.shape),
+                lambda c: L.broadcast_load(var, c, src.shape),
+            )
+        else:
+            stats = (lambda c: mean_var[0], lambda c: mean_var[1])
+
+        def point(c: list[str]) -> str:
+            val = f"((({src.load(c)}) - ({stats[0](c)})) * {f('rsqrt')}(({stats[1](c)}) + {lit(eps)}))"
+            if weight is not None and chan is not None:
+                val = f"({val} * {weight}[{chan(c)}])"
+            if bias is not None and chan is not None:
+                val = f"({val} + {bias}[{chan(c)}])"
+            return f"float acc = {val};"
+
+        return L.emit_pointwise(src.shape, f"S{n}", point, tag, node=node if epilogue else None)
 
     def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
         def at(q: str) -> list[str]:
