@@ -248,12 +248,12 @@ class OptimizeLoop:
         self._started = self.clock() - self.state.elapsed_s
         self.seed_record: EvalRecord | None = None
         self._llm_stop = ""
-
-    # -- persistence -------------------------------------------------------------------------------
-
         best = self.strategy.best
         #: Fastest correct evaluation logged so far: (speedup, label).
         self._best_seen = (best.record.speedup or 0.0, best.candidate.label) if best and best.record.is_correct else (0.0, "")
+
+    # -- persistence -------------------------------------------------------------------------------
+
     def _load_state(self) -> LoopState:
         rows = self.store.query("SELECT data FROM loop_state WHERE run_id=?", (self.run_id,))
         return LoopState.model_validate_json(rows[0]["data"]) if rows else LoopState()
@@ -521,11 +521,11 @@ class OptimizeLoop:
             verdict = f"{verdict} {rec.speedup:.2f}x{ms}"
         budget = self.config.budget.evaluations
         of = f"/{budget}" if budget else ""
-        log.info("gen %d eval %d%s: %s%s -> %s%s (best %s)", row.generation, self.evaluations, of, label, params,
-                 verdict, " (cached)" if rec is not None and rec.cached else "", best)
         if rec is not None and rec.is_correct and (rec.speedup or 0) > self._best_seen[0]:
             self._best_seen = (rec.speedup or 0.0, label)
         best = f"{self._best_seen[0]:.2f}x ({self._best_seen[1]})" if self._best_seen[1] else "none correct yet"
+        log.info("gen %d eval %d%s: %s%s -> %s%s (best %s)", row.generation, self.evaluations, of, label, params,
+                 verdict, " (cached)" if rec is not None and rec.cached else "", best)
 
     def _recover_seed_record(self) -> None:
         for row in self.rows(0):
@@ -567,7 +567,10 @@ class OptimizeLoop:
                 self.observer.note(self, f"tuning {cell.candidate.label} ({budget} evaluations)")
             trials = 0
 
-            def count(trial: Any, record: EvalRecord, label: str = cell.candidate.label, of: int = budget) -> None:
+            sets = len(getattr(self.evaluator, "shape_sets", None) or [None])  # a multi-shape run tunes each set
+
+            def count(trial: Any, record: EvalRecord, label: str = cell.candidate.label,
+                      of: int = budget * sets) -> None:
                 nonlocal trials
                 trials += 1
                 speed = f" {record.speedup:.2f}x" if record.is_correct and record.speedup else ""
@@ -575,29 +578,65 @@ class OptimizeLoop:
                          record.outcome.value, speed)
 
             try:
-                result = tune_candidate(self.evaluator, cell.candidate, self.config.tuner, evaluations=budget,
-                                        wall_time_s=wall, seed=self.config.seed, on_trial=count)
+                if isinstance(self.evaluator, ShapeSetEvaluator):
+                    results = self._tune_per_shape(cell.candidate, budget, wall, count)
+                else:
+                    results = [({}, tune_candidate(self.evaluator, cell.candidate, self.config.tuner,
+                                                   evaluations=budget, wall_time_s=wall, seed=self.config.seed,
+                                                   on_trial=count))]
             except KfError as exc:
                 log.warning("tuning %s skipped: %s", cell.candidate.label, exc)
                 if self.observer:
                     self.observer.note(self, f"tuning skipped: {exc}")
                 continue
             self.state.tuning_evaluations += trials
-            log.info("tuned %s: %d trials, best %s (%s ms)", cell.candidate.label, trials, result.best_params,
-                     f"{result.best_time_ms:.4f}" if result.best_time_ms is not None else "-")
-            self.store.execute(
-                "INSERT INTO loop_tuning (run_id, generation, candidate_hash, result) VALUES (?,?,?,?)",
-                (self.run_id, generation, cell.candidate.content_hash, result.model_dump_json()),
-            )
-            if result.best_params:
-                tuned = cell.candidate.with_params({**cell.candidate.params, **result.best_params})
-                tuned = tuned.model_copy(update={"parent_id": cell.candidate.content_hash, "generator": f"tuner:{result.tuner}"})
-                record = self.evaluator.evaluate(tuned)
-                self.strategy.tell([SearchResult(ask=SearchAsk(mode="improve", island=cell.island, extra={"tuned": True}),
-                                                 candidate=tuned, record=record, coords=tuple(cell.coords))])
+            for shapes, result in results:
+                self._tuned(generation, cell, shapes, result)
         self.state.tuned_generations.append(generation)
         self.state.strategy = self.strategy.state_dict()
         self.save_state()
+
+    def _tune_per_shape(self, candidate: Candidate, budget: int, wall: float | None,
+                        on_trial: Callable[[Any, EvalRecord], None]) -> list[tuple[dict[str, Any], Any]]:
+        """A multi-shape run tunes each shape set on its own evaluator, warm-started from the best
+        parameters of the sets tuned before it (each set's trials cost one shape's evaluation)."""
+        from kfoundry.core.tuning import tune_candidate
+
+        evaluator = self.evaluator
+        assert isinstance(evaluator, ShapeSetEvaluator)
+        out: list[tuple[dict[str, Any], Any]] = []
+        warm: list[dict[str, Any]] = []
+        for shapes, sub in zip(evaluator.shape_sets, evaluator.evaluators, strict=True):
+            left = self.config.budget.evaluations
+            n = budget if left is None else min(budget, left - self.evaluations)
+            if n <= 0:
+                break
+            if warm:
+                log.info("tuning %s on %s, warm-started from %s", candidate.label, shapes, warm)
+            result = tune_candidate(sub, candidate, self.config.tuner, seeds=warm, evaluations=n, wall_time_s=wall,
+                                    seed=self.config.seed, on_trial=on_trial)
+            if result.best_params and result.best_params not in warm:
+                warm.append(dict(result.best_params))
+            out.append((dict(shapes), result))
+        return out
+
+    def _tuned(self, generation: int, cell: Any, shapes: dict[str, Any], result: Any) -> None:
+        """Store one tuning result and tell the strategy the tuned kernel (judged on every shape set)."""
+        on = f" on {shapes}" if shapes else ""
+        log.info("tuned %s%s: %d trials, best %s (%s ms)", cell.candidate.label, on, result.evaluations,
+                 result.best_params, f"{result.best_time_ms:.4f}" if result.best_time_ms is not None else "-")
+        data = {**result.model_dump(mode="json"), **({"shapes": shapes} if shapes else {})}
+        self.store.execute(
+            "INSERT INTO loop_tuning (run_id, generation, candidate_hash, result) VALUES (?,?,?,?)",
+            (self.run_id, generation, cell.candidate.content_hash, json.dumps(data)),
+        )
+        if not result.best_params:
+            return
+        tuned = cell.candidate.with_params({**cell.candidate.params, **result.best_params})
+        tuned = tuned.model_copy(update={"parent_id": cell.candidate.content_hash, "generator": f"tuner:{result.tuner}"})
+        record = self.evaluator.evaluate(tuned)
+        self.strategy.tell([SearchResult(ask=SearchAsk(mode="improve", island=cell.island, extra={"tuned": True}),
+                                         candidate=tuned, record=record, coords=tuple(cell.coords))])
 
     # -- results -----------------------------------------------------------------------------------
 

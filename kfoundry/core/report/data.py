@@ -50,6 +50,8 @@ class TuningStage:
     candidate_hash: str
     result: TuningResult
     trials: list[tuple[int, float | None]] = field(default_factory=list)
+    #: The shape set this stage tuned on (a multi-shape run tunes each set; empty: all of them).
+    shapes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -229,6 +231,7 @@ def _load(folder: Path, info: dict[str, Any], run_id: str, conn: sqlite3.Connect
                 candidate_hash=r["candidate_hash"],
                 result=result,
                 trials=[(i, t.get("time_ms")) for i, t in enumerate(result.trials)],
+                shapes=dict(json.loads(r["result"]).get("shapes") or {}),
             )
         )
     calls = [

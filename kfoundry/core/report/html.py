@@ -138,7 +138,8 @@ def _heatmaps(page: _Page, run: RunData) -> None:
     axes = axes_of_config(run.config)  # the run's own descriptor choice
     levels = [a.levels for a in axes] if len(axes) == dims else [LEVELS] * dims
     sizes = [
-        max([c["coords"][i] + 1 for c in run.archive if len(c["coords"]) > i] + [levels[i]]) for i in range(dims)
+        max([c["coords"][i] + 1 for c in run.archive if len(c["coords"]) > i] + [levels[i]])
+        for i in range(dims)
     ]
     names = [a.name for a in axes] if len(axes) == dims else [f"axis {i}" for i in range(dims)]
     for a, b in itertools.combinations(range(dims), 2):
@@ -342,17 +343,18 @@ def _tuning(page: _Page, run: RunData) -> None:
                 y=ys,
                 mode="lines+markers",
                 line={"shape": "hv"},
-                name=f"gen {s.generation}: {label} ({s.result.tuner})",
+                name=f"gen {s.generation}: {label} ({s.result.tuner}){' on ' + _fmt(s.shapes) if s.shapes else ''}",
             )
         )
     fig.update_layout(title="best time found so far per tuning stage", xaxis_title="trial", yaxis_title="ms")
     page.figure(fig, "tuning")
     page.table(
-        ["generation", "kernel", "tuner", "trials", "invalid", "best params", "best ms"],
+        ["generation", "kernel", "shapes", "tuner", "trials", "invalid", "best params", "best ms"],
         [
             [
                 s.generation,
                 run.candidates[s.candidate_hash].label if s.candidate_hash in run.candidates else "?",
+                s.shapes or "all shape sets",
                 s.result.tuner,
                 s.result.evaluations,
                 s.result.invalid,
