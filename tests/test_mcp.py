@@ -260,12 +260,13 @@ def test_agent_session_end_to_end(tmp_path: Path) -> None:
         )
         run_id = started["run_id"]
         assert started["status"] == "running" and (runs_root / run_id / "run.json").is_file()
-        # a run that fails (HIP is compile-only without an AMD GPU) costs that run, not the server
-        failing = (
-            await call(
-                s, "start_optimization", {"problem": "examples/kernelbench/vector_add.py", "backend": "hip"}
-            )
-        )["run_id"]
+        # a run that fails (its problem file is gone before the run reads it) costs that run, not the server
+        gone = tmp_path / "softmax_gone.py"
+        gone.write_text((ROOT / SOFTMAX).read_text())
+        failing = (await call(s, "start_optimization", {"problem": str(gone), "shapes": RUN_SHAPES}))[
+            "run_id"
+        ]
+        gone.unlink()
         seed = await evaluate_seed(s, runs_root)  # while the runs go on in the background
 
         # exactly `kf-run eval --json`: the CLI on the same cache returns the same record
@@ -298,7 +299,7 @@ def test_agent_session_end_to_end(tmp_path: Path) -> None:
         assert status["status"] == "finished", status
         failed = await poll(s, failing)
         assert failed["status"] == "failed" and failed["process"]["returncode"] == 2, failed
-        assert failed["error"].startswith("error: backend hip cannot run kernels here"), failed
+        assert failed["error"] == f"error: problem file not found: {gone}", failed
         assert status["generation"] == 2 and status["stop_reason"] == "all 2 generations done"
         assert status["evaluations"] >= 3 and status["summary"]["best_outcome"] == "correct"
         best = status["best"]

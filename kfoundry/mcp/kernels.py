@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from kfoundry.core.errors import KfError
-from kfoundry.core.loop import RUN_FILE, STORE_FILE, read_run_file
-from kfoundry.core.models import EvalRecord
+from kfoundry.core.loop import RUN_FILE, STORE_FILE, read_run_file, run_shape_sets
 from kfoundry.mcp.models import GetKernelArgs, SearchKernelsArgs
-from kfoundry.mcp.runs import RunError, best_record, kernel_summary, open_store, run_folder
+from kfoundry.mcp.runs import RunError, best_record, kernel_summary, open_store, run_folder, run_kernels
 from kfoundry.mcp.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -75,28 +74,24 @@ def search_kernels(settings: ServerSettings, args: SearchKernelsArgs) -> dict[st
         if store is None:
             continue
         try:
-            sql = "SELECT candidate_hash, record FROM evaluations WHERE run_id=? AND outcome='correct' AND median_ms IS NOT NULL"
-            params: list[Any] = [info["run_id"]]
-            if name is not None:
-                sql, params = sql + " AND problem=?", [*params, name]
-            if args.backend is not None:
-                sql, params = sql + " AND backend=?", [*params, args.backend]
-            best: dict[str, EvalRecord] = {}
-            for row in store.query(sql + " ORDER BY median_ms DESC", params):
-                record = EvalRecord.model_validate_json(row["record"])
-                if args.device is not None and args.device.lower() not in record.device.lower():
-                    continue
-                best[row["candidate_hash"]] = record  # ascending time wins: the fastest evaluation last
-            for h, record in best.items():
+            multi = len(run_shape_sets(info)) > 1
+            kernels = {
+                h: r
+                for h, r in run_kernels(store, info["run_id"], multi).items()
+                if (name is None or r.problem == name)
+                and (args.backend is None or r.backend == args.backend)
+                and (args.device is None or args.device.lower() in r.device.lower())
+            }
+            for h, record in kernels.items():
                 hit = kernel_summary(store.get_candidate(h), record)
-                hit.update(run_id=info["run_id"], problem=record.problem, shapes=info.get("shapes") or {})
+                hit.update(run_id=info["run_id"], problem=record.problem, shape_sets=run_shape_sets(info))
                 if family is not None:
                     hit["op_family"] = family
                 hits.append(hit)
-            runs += 1 if best else 0
+            runs += 1 if kernels else 0
         finally:
             store.close()
-    hits.sort(key=lambda h: (h["median_ms"], h["run_id"]))
+    hits.sort(key=lambda h: (h["median_ms"], h["run_id"]))  # across runs: by time (shapes may differ)
     return {
         "kernels": hits[: args.limit],
         "total": len(hits),
@@ -108,7 +103,8 @@ def search_kernels(settings: ServerSettings, args: SearchKernelsArgs) -> dict[st
 def get_kernel(settings: ServerSettings, args: GetKernelArgs) -> dict[str, Any]:
     """A kernel's source and candidate record, with its best evaluation (and how many it had)."""
     folder = run_folder(settings, args.run_id)
-    run_id = read_run_file(folder)["run_id"]
+    info = read_run_file(folder)
+    run_id = info["run_id"]
     store = open_store(folder)
     if store is None:
         raise RunError(f"run {args.run_id!r} has no store yet")
@@ -127,12 +123,9 @@ def get_kernel(settings: ServerSettings, args: GetKernelArgs) -> dict[str, Any]:
         candidate = store.get_candidate(h)
         assert candidate is not None
         records = store.evaluations(run_id=run_id, candidate_hash=h)
-        correct = [r for r in records if r.is_correct and r.timing is not None]
-        record = (
-            min(correct, key=lambda r: r.timing.median_ms if r.timing else 0.0)
-            if correct
-            else (records[-1] if records else None)
-        )
+        multi = len(run_shape_sets(info)) > 1
+        record = run_kernels(store, run_id, multi).get(h) or (records[-1] if records else None)
+        best = best_record(store, run_id, multi)
         return {
             "run_id": args.run_id,
             "candidate_id": h,
@@ -140,7 +133,7 @@ def get_kernel(settings: ServerSettings, args: GetKernelArgs) -> dict[str, Any]:
             "candidate": candidate.model_dump(mode="json"),
             "record": json.loads(record.model_dump_json()) if record else None,
             "evaluations": len(records),
-            "best_of_run": (best[1].candidate_hash == h) if (best := best_record(store, run_id)) else False,
+            "best_of_run": best is not None and best[1].candidate_hash == h,
         }
     finally:
         store.close()

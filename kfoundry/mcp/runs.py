@@ -28,6 +28,7 @@ from kfoundry.core.loop import (
     find_seed_kernel,
     new_run_dir,
     read_run_file,
+    run_shape_sets,
     write_run_file,
 )
 from kfoundry.core.models import Candidate, EvalRecord
@@ -74,16 +75,43 @@ def has_table(store: Store, name: str) -> bool:
     return bool(store.query("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)))
 
 
-def best_record(store: Store, run_id: str) -> tuple[Candidate | None, EvalRecord] | None:
-    """The fastest correct kernel of a run so far (search and tuning alike), with its record."""
-    rows = store.query(
-        """SELECT candidate_hash, record FROM evaluations WHERE run_id=? AND outcome='correct'
-           AND median_ms IS NOT NULL ORDER BY median_ms, id LIMIT 1""",
-        (run_id,),
-    )
-    if not rows:
+def rank(record: EvalRecord, multi_shape: bool) -> float:
+    """Sort key of a correct kernel, best first: the time, or in a multi-shape run the geo-mean speedup."""
+    if multi_shape:
+        return -(record.speedup or 0.0)
+    return record.timing.median_ms if record.timing else float("inf")
+
+
+def run_kernels(store: Store, run_id: str, multi_shape: bool = False) -> dict[str, EvalRecord]:
+    """Each correct kernel of a run with its best evaluation (search and tuning alike).
+
+    A multi-shape run's per-shape evaluations are not comparable: there each proposal's aggregated
+    record (correct on every shape set, geo-mean speedup) stands for the kernel.
+    """
+    if multi_shape and has_table(store, "loop_proposals"):
+        sql = "SELECT candidate_hash, record FROM loop_proposals WHERE run_id=? AND record IS NOT NULL"
+    else:
+        sql = "SELECT candidate_hash, record FROM evaluations WHERE run_id=? AND outcome='correct'"
+    best: dict[str, EvalRecord] = {}
+    for row in store.query(sql + " ORDER BY rowid", (run_id,)):
+        record = EvalRecord.model_validate_json(row["record"])
+        if not record.is_correct or record.timing is None:
+            continue
+        held = best.get(row["candidate_hash"])
+        if held is None or rank(record, multi_shape) < rank(held, multi_shape):
+            best[row["candidate_hash"]] = record
+    return best
+
+
+def best_record(
+    store: Store, run_id: str, multi_shape: bool = False
+) -> tuple[Candidate | None, EvalRecord] | None:
+    """The best correct kernel of a run so far, with its record (None while there is none)."""
+    kernels = run_kernels(store, run_id, multi_shape)
+    if not kernels:
         return None
-    return store.get_candidate(rows[0]["candidate_hash"]), EvalRecord.model_validate_json(rows[0]["record"])
+    h = min(kernels, key=lambda k: rank(kernels[k], multi_shape))
+    return store.get_candidate(h), kernels[h]
 
 
 def kernel_summary(candidate: Candidate | None, record: EvalRecord) -> dict[str, Any]:
@@ -195,6 +223,7 @@ class RunManager:
             "pid": proc.pid,
             "problem": problem.name,
             "shapes": shapes,
+            "shape_sets": sets,
             "planned_evaluations": budget_total(config),
         }
 
@@ -236,6 +265,7 @@ class RunManager:
             "run_dir": str(folder),
             "problem": Path(info["problem"]).stem,
             "shapes": info.get("shapes") or {},
+            "shape_sets": run_shape_sets(info),
             "generation": 0,
             "generations": config.budget.generations,
             "evaluations": 0,
@@ -250,7 +280,7 @@ class RunManager:
         store = open_store(folder)
         if store is not None:
             try:
-                stored_status = self._read_store(store, info["run_id"], out)
+                stored_status = self._read_store(store, info["run_id"], len(out["shape_sets"]) > 1, out)
             finally:
                 store.close()
         if stored_status == "finished":
@@ -267,7 +297,7 @@ class RunManager:
         out["status"] = status
         return out
 
-    def _read_store(self, store: Store, run_id: str, out: dict[str, Any]) -> str:
+    def _read_store(self, store: Store, run_id: str, multi_shape: bool, out: dict[str, Any]) -> str:
         run = store.get_run(run_id)
         out["evaluations"] = int(
             store.query("SELECT COUNT(*) AS n FROM evaluations WHERE run_id=?", (run_id,))[0]["n"]
@@ -284,7 +314,7 @@ class RunManager:
                 out["generation"] = state.get("generation", 0)
                 out["stop_reason"] = state.get("stop_reason", "")
                 out["elapsed_s"] = round(float(state.get("elapsed_s", 0.0)), 3)
-        best = best_record(store, run_id)
+        best = best_record(store, run_id, multi_shape)
         out["best"] = kernel_summary(*best) if best else None
         if run is None:
             return ""
