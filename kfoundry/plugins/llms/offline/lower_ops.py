@@ -1416,7 +1416,7 @@ def _sdpa(L: Lowering, node: fx.Node) -> Val:
             f"            const float corr = m == mn ? 1.0f : {f('exp')}(m - mn);\n"
             f"            const float pj = s == -INFINITY ? 0.0f : {f('exp')}(s - mn);\n"
             f"            l = l * corr + pj; acc = acc * corr + pj * ({v.load([*vb, j, dv])}); m = mn;\n"
-            f"        }}\n        acc = acc / l;"
+            f"        }}\n        acc = m == -INFINITY ? 0.0f : acc / l;  /* a row with no finite score: 0, as torch */"
         )
 
     return L.emit_pointwise(out, f"S{n}", body, "sdpa", node=node)
