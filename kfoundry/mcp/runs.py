@@ -144,6 +144,10 @@ def _last_error(log: Path) -> str | None:
     return (errors or lines)[-1] if lines else None
 
 
+def _has_error(log: Path) -> bool:
+    return (_last_error(log) or "").startswith("error:")
+
+
 def _pid_runs(pid: int, folder: Path) -> bool:
     """Whether ``pid`` is alive and is this run's child (not a recycled pid)."""
     try:
@@ -289,7 +293,9 @@ class RunManager:
             status = stored_status or "starting"  # a folder run by another kf-run: the store says
         elif process["alive"]:
             status = "running"
-        elif process.get("returncode") not in (None, 0):
+        elif process.get("returncode") not in (None, 0) or (
+            process.get("returncode") is None and _has_error(folder / LOG_FILE)
+        ):  # (a child that ended after its server did left no return code, only its error line)
             status = "failed"
             out["error"] = _last_error(folder / LOG_FILE)
         else:
@@ -298,22 +304,23 @@ class RunManager:
         return out
 
     def _read_store(self, store: Store, run_id: str, multi_shape: bool, out: dict[str, Any]) -> str:
+        """Fill in progress and the best kernel from the run's store; returns the stored run status."""
         run = store.get_run(run_id)
-        out["evaluations"] = int(
-            store.query("SELECT COUNT(*) AS n FROM evaluations WHERE run_id=?", (run_id,))[0]["n"]
-        )
-        out["correct"] = int(
-            store.query(
-                "SELECT COUNT(*) AS n FROM evaluations WHERE run_id=? AND outcome='correct'", (run_id,)
-            )[0]["n"]
-        )
+        state: dict[str, Any] = {}
         if has_table(store, "loop_state"):
             rows = store.query("SELECT data FROM loop_state WHERE run_id=?", (run_id,))
-            if rows:
-                state = json.loads(rows[0]["data"])
-                out["generation"] = state.get("generation", 0)
-                out["stop_reason"] = state.get("stop_reason", "")
-                out["elapsed_s"] = round(float(state.get("elapsed_s", 0.0)), 3)
+            state = json.loads(rows[0]["data"]) if rows else {}
+        out["generation"] = state.get("generation", 0)
+        out["stop_reason"] = state.get("stop_reason", "")
+        out["elapsed_s"] = round(float(state.get("elapsed_s", 0.0)), 3)
+        if has_table(store, "loop_proposals"):  # counted as the loop counts its budget
+            row = store.query(
+                """SELECT COUNT(*) AS n, SUM(json_extract(record, '$.outcome') = 'correct') AS ok
+                   FROM loop_proposals WHERE run_id=? AND record IS NOT NULL AND candidate IS NOT NULL""",
+                (run_id,),
+            )[0]
+            out["evaluations"] = int(row["n"]) + int(state.get("tuning_evaluations", 0))
+            out["correct"] = int(row["ok"] or 0)
         best = best_record(store, run_id, multi_shape)
         out["best"] = kernel_summary(*best) if best else None
         if run is None:
