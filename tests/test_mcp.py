@@ -379,3 +379,11 @@ def test_bad_server_config_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning:")]
     assert len(lines) == 1 and lines[0].startswith("error: config error: budget.generations"), proc.stderr
+
+
+def test_mcp_is_a_command_plugin() -> None:
+    from kfoundry.core.cli import cli
+    from kfoundry.core.plugins import get_plugin_manager
+
+    assert "kf_register_commands" in get_plugin_manager().infos["mcp"].hooks
+    assert cli.commands["mcp"].callback.__module__ == "kfoundry.mcp.command"  # type: ignore[union-attr]
