@@ -421,6 +421,9 @@ def test_options_are_checked_at_config_load() -> None:
         ({"headers": {"Bad Header": "x"}}, "headers"),
         ({"headers": {"X-A": "line\nbreak"}}, "headers"),
         ({"extra_body": "nope"}, "extra_body"),
+        ({"extra_body": {"max_tokens": 100000}}, "max_tokens: set by kfoundry"),
+        ({"extra_body": {"n": 4, "top_k": 2}}, "n: set by kfoundry"),
+        ({"extra_body": {"stream": True}}, "stream: set by kfoundry"),
         ({"tokenizer": "magic"}, "tokenizer"),
     ]:
         with pytest.raises(ConfigError, match=where):

@@ -127,6 +127,13 @@ def check_base_url(url: str) -> str:
     return url
 
 
+#: Request fields kfoundry sets itself: ``extra_body`` may not override them (a larger completion
+#: limit, several choices or a stream would break the caps or the reading of the reply).
+_RESERVED_BODY = frozenset(
+    {"model", "messages", "system", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"}
+)
+
+
 def _check_headers(headers: dict[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
@@ -195,6 +202,14 @@ class ProviderOptions(BaseModel):
     @classmethod
     def _valid_headers(cls, value: dict[str, str]) -> dict[str, str]:
         return _check_headers(value)
+
+    @field_validator("extra_body")
+    @classmethod
+    def _no_reserved_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & _RESERVED_BODY)
+        if taken:  # the caps, the parsing and the recording rely on these
+            raise ValueError(f"{', '.join(taken)}: set by kfoundry (use the provider's own options)")
+        return value
 
 
 @dataclass
