@@ -26,6 +26,7 @@ FAST = [
 ]
 
 
+@pytest.mark.slow
 def test_evaluate_and_tune(tmp_path: Path) -> None:
     problem = ROOT / "examples" / "native" / "vector_add.toml"
     kernel = ROOT / "examples" / "native" / "vector_add.cl"

@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from kfoundry.core.cli import configure_logging
 
 ROOT = Path(__file__).parents[1]
@@ -48,6 +50,7 @@ FAST = [
 ]
 
 
+@pytest.mark.slow
 def test_progress_lines_arrive_while_the_run_goes(kf_problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = kf_problem(textwrap.dedent(VADD), name="log_vadd")
     sets = [f"output_dir={tmp_path}", "budget.generations=1", *FAST]

@@ -16,6 +16,8 @@ import pytest
 import kfoundry
 from kfoundry.api import OptimizeResult
 
+pytestmark = pytest.mark.slow  # a real run on PoCL: about 80 s here before the first test
+
 ROOT = Path(__file__).parents[1]
 SOFTMAX = ROOT / "examples" / "kernelbench" / "softmax.py"
 CLI = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
