@@ -617,3 +617,19 @@ def test_a_call_that_stopped_the_run_is_asked_again_by_a_resumed_run_and_skipped
     assert again.candidate is not None and live.candidate is not None
     assert again.candidate.source == live.candidate.source
     store.close()
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_server_that_refuses_every_call_stops_the_run(api: str, server: LLMServer, tmp_path: Path) -> None:
+    route(server, api).responder = lambda body: Status(400, "unknown field 'top_k'")
+    p = make(api, url_of(server, api), tmp_path, max_failed_calls=3)
+    with pytest.raises(
+        ModelUnreachable, match=r"refused or failed the last 3 calls \(last error: HTTP 400: unknown"
+    ):
+        p.propose(request(n=5))
+    assert len(server.calls(api)) == 3
+    assert [c.error_kind for c in load_recording(tmp_path / "calls.jsonl")] == [
+        "refused",
+        "refused",
+        "unreachable",
+    ]

@@ -189,8 +189,8 @@ class ProviderOptions(BaseModel):
     max_failed_calls: int = Field(
         default=3,
         ge=1,
-        description="Calls in a row without an answer (retries spent) after which the model counts as "
-        "unreachable and the run stops (a server that refuses connections stops it at once).",
+        description="Calls in a row without an answer (retries spent, or refused) after which the model "
+        "counts as unreachable and the run stops (a server that refuses connections stops it at once).",
     )
 
     @field_validator("base_url")
@@ -501,23 +501,30 @@ class LLMProvider(Generator):
         stop: LLMError | None = None
         if isinstance(exc, LLMError):
             error_kind, stop = "fatal", LLMError(text)
-        elif isinstance(exc, CallRefused):
-            error_kind = "context" if self._context_refused else "refused"
         else:
-            assert isinstance(exc, RetriesExhausted)
             self._failed_in_row += 1
-            last = shown = _plain(self.scrub(exc.attempts[-1])) if exc.attempts else shown
-            error_kind = "timeout" if exc.timed_out else "transient"
-            if exc.unreachable:
-                stop = ModelUnreachable(
-                    f"llm {self.name}: cannot reach the {self.provider} server at {self.endpoint()} "
-                    f"({len(exc.attempts)} attempts; last error: {last})"
-                )
-            elif self._failed_in_row >= self.options.max_failed_calls:
-                stop = ModelUnreachable(
-                    f"llm {self.name}: the {self.provider} server at {self.endpoint()} answered none of "
-                    f"the last {self._failed_in_row} calls (last error: {last})"
-                )
+            n = self._failed_in_row
+            if isinstance(exc, CallRefused):
+                error_kind = "context" if self._context_refused else "refused"
+                if n >= self.options.max_failed_calls:
+                    stop = ModelUnreachable(
+                        f"llm {self.name}: the {self.provider} server at {self.endpoint()} refused or failed "
+                        f"the last {n} calls (last error: {shown})"
+                    )
+            else:
+                assert isinstance(exc, RetriesExhausted)
+                last = shown = _plain(self.scrub(exc.attempts[-1])) if exc.attempts else shown
+                error_kind = "timeout" if exc.timed_out else "transient"
+                if exc.unreachable:
+                    stop = ModelUnreachable(
+                        f"llm {self.name}: cannot reach the {self.provider} server at {self.endpoint()} "
+                        f"({len(exc.attempts)} attempts; last error: {last})"
+                    )
+                elif n >= self.options.max_failed_calls:
+                    stop = ModelUnreachable(
+                        f"llm {self.name}: the {self.provider} server at {self.endpoint()} answered none of "
+                        f"the last {n} calls (last error: {last})"
+                    )
             if stop is not None:
                 error_kind = "unreachable"
                 if self.recorder is not None:  # a resumed run asks this again as if it never happened
