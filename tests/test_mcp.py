@@ -48,6 +48,7 @@ FAST = [
 TOOLS = {
     "evaluate_kernel",
     "start_optimization",
+    "stop_optimization",
     "run_status",
     "search_kernels",
     "get_kernel",
@@ -190,6 +191,7 @@ async def malformed_calls(s: ClientSession, good: tuple[str, dict[str, Any]], tm
         ("start_optimization", {"problem": SOFTMAX, "colour": "red"}, "unknown argument colour"),
         ("start_optimization", {"problem": "examples/kernelbench/nope.py"}, "problem file not found"),
         ("run_status", {}, "missing argument run_id"),
+        ("stop_optimization", {"run_id": "nope"}, "unknown run id 'nope'"),
         ("run_status", {"run_id": "../etc"}, "unknown run id '../etc'"),
         ("get_kernel", {"run_id": "x", "candidate_id": "0123456789"}, "unknown run id 'x'"),
         ("search_kernels", {"op_family": "fft"}, "unknown family 'fft'"),
@@ -267,6 +269,11 @@ def test_agent_session_end_to_end(tmp_path: Path) -> None:
             "run_id"
         ]
         gone.unlink()
+        # a run stopped by the agent: its whole process group ends, the folder stays resumable
+        stopping = (await call(s, "start_optimization", {"problem": SOFTMAX, "shapes": RUN_SHAPES}))["run_id"]
+        stopped = await call(s, "stop_optimization", {"run_id": stopping})
+        assert stopped["status"] == "stopped" and stopped["process"]["alive"] is False, stopped
+        assert (await call(s, "run_status", {"run_id": stopping}))["status"] == "stopped"
         seed = await evaluate_seed(s, runs_root)  # while the runs go on in the background
 
         # exactly `kf-run eval --json`: the CLI on the same cache returns the same record

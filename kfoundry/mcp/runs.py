@@ -9,11 +9,15 @@ the store (``kfoundry.db``) for progress and the best kernel so far, ``mcp.json`
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,6 +162,17 @@ def _pid_runs(pid: int, folder: Path) -> bool:
     return state != "Z" and str(folder).encode() in cmdline
 
 
+def _end_group(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group a child leads (it was started in a session of its own), SIGKILL after."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            os.killpg(pid, 0)  # ProcessLookupError once every member is gone
+            time.sleep(0.05)
+        os.killpg(pid, signal.SIGKILL)
+
+
 def refuse_unsupported_problem(config: RunConfig, problem: Problem, language: str) -> None:
     """A config error when every configured generator's ``check`` refuses the (KernelBench) problem."""
     if problem.format != "kernelbench":
@@ -241,6 +256,20 @@ class RunManager:
         data.update(returncode=code, ended_at=_now())
         path.write_text(json.dumps(data, indent=2))
 
+    def stop(self, args: RunStatusArgs) -> dict[str, Any]:
+        """Stop a running run's child (its whole process group: judges and runners too); resumable."""
+        folder = run_folder(self.settings, args.run_id)
+        process = self._process(args.run_id, folder)
+        if process is None:
+            raise RunError(f"run {args.run_id!r} was not started by kf-run mcp: stop its kf-run yourself")
+        if process["alive"]:
+            path = folder / PROCESS_FILE
+            data = json.loads(path.read_text())
+            data["stopped_at"] = _now()
+            path.write_text(json.dumps(data, indent=2))
+            _end_group(int(process["pid"]))
+        return self.status(args)
+
     # -- status ------------------------------------------------------------------------------------
 
     def _process(self, run_id: str, folder: Path) -> dict[str, Any] | None:
@@ -293,6 +322,8 @@ class RunManager:
             status = stored_status or "starting"  # a folder run by another kf-run: the store says
         elif process["alive"]:
             status = "running"
+        elif process.get("stopped_at"):
+            status = "stopped"  # by stop_optimization: `kf-run resume RUN_DIR` continues it
         elif process.get("returncode") not in (None, 0) or (
             process.get("returncode") is None and _has_error(folder / LOG_FILE)
         ):  # (a child that ended after its server did left no return code, only its error line)

@@ -89,6 +89,13 @@ def tool_defs(settings: ServerSettings, runs: RunManager) -> list[ToolDef]:
             runs.status,
         ),
         ToolDef(
+            "stop_optimization",
+            "Stop a run started by start_optimization (what it found stays; `kf-run resume RUN_DIR` continues it).",
+            RunStatusArgs,
+            runs.stop,
+            read_only=False,
+        ),
+        ToolDef(
             "search_kernels",
             "Correct kernels from every run under the runs root, fastest first, filtered by "
             "problem or operation family, backend and device.",
