@@ -633,3 +633,30 @@ def test_a_server_that_refuses_every_call_stops_the_run(api: str, server: LLMSer
         "refused",
         "unreachable",
     ]
+
+
+def test_an_ensemble_goes_on_while_one_member_answers_and_stops_when_none_does(
+    server: LLMServer, tmp_path: Path
+) -> None:
+    from kfoundry.core.ensemble import build_ensemble
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    opts = {"api_key_env": "KF_TEST_KEY", "max_retries": 0, "timeout": 2.0}
+    config = load_config(
+        data={
+            "llms": [
+                {"name": "openai", "model": "dead", "options": {**opts, "base_url": dead}},
+                {"name": "openai", "model": "live", "options": {**opts, "base_url": server.openai_url}},
+            ],
+            "ensemble": {"mode": "vote", "meta_every": 0},
+        }
+    )
+    ensemble = build_ensemble(config, run_dir=tmp_path, attach=False)
+    server.openai.responder = lambda body: Reply(fenced(vecadd()))
+    props = ensemble.propose(request(n=2))
+    assert [p.generator for p in props] == ["openai:live"]
+    assert ensemble.unreachable == {"openai:dead"}
+    server.kill()
+    with pytest.raises(ModelUnreachable):
+        ensemble.propose(request(n=2))
+    assert ensemble.usage()["failures"] == {"unreachable": 3}  # dead twice, then the killed one
