@@ -443,8 +443,11 @@ class OptimizeLoop:
             self.save_state()
             self.store.save_run(self.run_id, self.problem.name, resolved_config(self.config), "failed",
                                 {"stop_reason": why})
+        hint = f"run marked failed; continue it with: kf-run resume {self.run_dir}"
         if self.observer:
-            self.observer.note(self, f"run marked failed; continue it with: kf-run resume {self.run_dir}")
+            self.observer.note(self, hint)
+        else:
+            log.info("%s", hint)
 
     def _run(self) -> LoopSummary:
         hooks.run_started(self.run_id, resolved_config(self.config))
