@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from kfoundry.core.plugins import get_plugin
     from kfoundry.core.problem import load_problem
     from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-    from kfoundry.runtime import load, set_backend
+    from kfoundry.runtime import load, set_backend, synchronize
 
     backend = get_plugin("backend", args.backend).build({})
     backend.require_device()
@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 model = namespace["ModelNew"](*problem.make_init_inputs()).to(device)
                 with torch.no_grad():
                     got = model(*inputs)
+                    synchronize()  # launches are asynchronous
                     ok = got.shape == expected.shape and torch.allclose(
                         got.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=True
                     )
