@@ -284,3 +284,44 @@ def test_generation_requests_carry_the_run_space() -> None:
     assert extractor.cell(MM_TILED) == space.cell(_cand(MM_TILED, "cuda"))
     static = SimpleNamespace(language="cuda", device=None, extra={})
     assert isinstance(extractor_for_request(static), PatternDescriptors)
+
+
+@needs_nvrtc
+def test_ptx_and_sass_listings_agree_on_the_axes() -> None:
+    """Without nvdisasm the PTX NVRTC emitted is read instead; the axes come out the same."""
+    from kfoundry.core.behaviour.cuda import instruction_mix
+    from kfoundry.core.behaviour.features import derive
+    from kfoundry.plugins.backends.cuda_compile import compile_cuda
+
+    for src in (MM_TILED, SUM_FP64, RED_SHUFFLE):
+        result = compile_cuda(src, arch="sm_90")
+        ptx_mix, name = instruction_mix(b"", result.ptx)
+        assert name == "ptx" and ptx_mix.total > 0
+        sass_mix, _ = instruction_mix(result.cubin, result.ptx)
+        shared = float(max(r.get("shared_bytes", 0) for r in result.resources.values()))
+        a, b = derive(ptx_mix, shared_bytes=shared), derive(sass_mix, shared_bytes=shared)
+        assert (a["hierarchy"], a["mix"]) == (b["hierarchy"], b["mix"])
+
+
+def test_loop_depth_follows_the_control_flow_not_the_layout() -> None:
+    """An inner loop laid out after its outer loop's latch (as LLVM does) is still two loops deep."""
+    from kfoundry.core.behaviour.mix import Instr, Listing, loop_depths, weigh
+
+    code = Listing()
+    code.add(Instr("int"))  # 0: entry
+    code.label("outer")
+    code.add(Instr("global_load", global_bytes=4))  # 1: outer header
+    code.branch("inner")
+    code.add(Instr("other"), stop=True)  # 2: jump to the inner loop
+    code.label("latch")
+    code.branch("outer")
+    code.add(Instr("other"))  # 3: outer latch, back to the header
+    code.add(Instr("other"), stop=True)  # 4: return
+    code.label("inner")
+    code.add(Instr("fp32", 2))  # 5: inner body
+    code.branch("inner")
+    code.add(Instr("other"))  # 6: inner latch
+    code.branch("latch")
+    code.add(Instr("other"), stop=True)  # 7: back to the outer latch
+    assert loop_depths(code) == [0, 1, 1, 1, 0, 2, 2, 1]
+    assert weigh([code]).flops == 2 * 64

@@ -135,7 +135,7 @@ def build_space(
     axes = resolve(choice)
     ex = extractor or get_extractor(language, manager)
     intensity = None
-    if problem is not None:
+    if problem is not None and any(not a.static for a in axes):  # the static axes never read it
         try:
             flops, moved = float(problem.flops), float(problem.bytes_moved)
         except Exception:  # a problem whose analysis fails is refused by the evaluator; no cap here
