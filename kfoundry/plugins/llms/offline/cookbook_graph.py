@@ -1,9 +1,10 @@
 """Recipes for a lowered graph (:mod:`.lower`): the schedule unfused (rank 0: a kernel per op) and fused
-(rank 1: elementwise ops inlined into the kernels that read them, epilogues applied on store)."""
+(rank 1: elementwise ops inlined into the kernels that read them, epilogues applied on store, matrix
+products in local-memory tiles)."""
 
 from __future__ import annotations
 
-from kfoundry.core.models import TunableSpace
+from kfoundry.core.models import ParamValue, TunableSpace
 from kfoundry.plugins.llms.offline.lower import PY_HELPERS, Lowering, forward_body, init_source, kernel_source
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
@@ -29,6 +30,10 @@ def recipes(spec: OpSpec, language: str) -> list[Recipe]:
         )
     ):
         kernel, forward = lower(spec, language, fuse)
+        params: dict[str, list[ParamValue]] = {"BLOCK": list(blocks)}
+        defaults: dict[str, ParamValue] = {"BLOCK": default}
+        if "p['TILE']" in forward:  # a tiled matrix product: TILE x TILE work-groups
+            params["TILE"], defaults["TILE"] = [8, 16], 16
         out.append(
             Recipe(
                 name,
@@ -37,8 +42,8 @@ def recipes(spec: OpSpec, language: str) -> list[Recipe]:
                 kernel,
                 forward,
                 args,
-                TunableSpace(params={"BLOCK": blocks}),
-                {"BLOCK": default},
+                TunableSpace(params=params),
+                defaults,
                 rank=rank,
                 modules=["_RefInit(*init_inputs)"],
                 description=what,

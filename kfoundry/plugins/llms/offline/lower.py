@@ -34,6 +34,13 @@ KERNEL_HEADER = {
 typedef long kf_long;
 #define KF_GID ((kf_long)get_global_id(0))
 #define KF_GSTRIDE ((kf_long)get_global_size(0))
+#define KF_LOCAL __local
+#define KF_BARRIER barrier(CLK_LOCAL_MEM_FENCE)
+#define KF_LID(d) ((int)get_local_id(d))
+#define KF_GRP(d) ((kf_long)get_group_id(d))
+#ifndef TILE
+#define TILE 16
+#endif
 """,
     "cuda": """#define KF_KERNEL extern "C" __global__ void
 #define KF_G
@@ -43,6 +50,13 @@ typedef long long kf_long;
 #define KF_GSTRIDE ((kf_long)gridDim.x * blockDim.x)
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
+#endif
+#define KF_LOCAL __shared__
+#define KF_BARRIER __syncthreads()
+#define KF_LID(d) ((int)((d) == 0 ? threadIdx.x : (d) == 1 ? threadIdx.y : threadIdx.z))
+#define KF_GRP(d) ((kf_long)((d) == 0 ? blockIdx.x : (d) == 1 ? blockIdx.y : blockIdx.z))
+#ifndef TILE
+#define TILE 16
 #endif
 """,
 }
@@ -258,7 +272,7 @@ class Lowering:
 
     # -- kernels --------------------------------------------------------------------------------
 
-    def kernel(self, body: str, out_ctype: str, work_py: str, tag: str) -> str:
+    def kernel(self, body: str, out_ctype: str, work_py: str, tag: str, launch_dims: str = "") -> str:
         """Add a kernel over ``work_py`` work items; returns the Python name of its output buffer ``y``."""
         name = f"k{self.nk}_{tag}"
         self.nk += 1
@@ -273,7 +287,8 @@ class Lowering:
         src = f"KF_KERNEL {name}({', '.join(args)}) {{\n{body}\n}}\n"
         out = f"b{name.split('_')[0][1:]}"
         py_args = [self.ptrs[p][0] for p in used_ptrs] + [out] + [f"int({by_name[s]})" for s in used_syms]
-        launch = f"self.prog.{name}({', '.join(py_args)}, grid=_grid({work_py}, p['BLOCK']), block=(p['BLOCK'], 1, 1))"
+        dims = launch_dims or f"grid=_grid({work_py}, p['BLOCK']), block=(p['BLOCK'], 1, 1)"
+        launch = f"self.prog.{name}({', '.join(py_args)}, {dims})"
         self.sched.kernels.append(Kernel(name, src, launch))
         return out
 
@@ -302,6 +317,59 @@ class Lowering:
             f"        {body(coords)}\n        y[g] = {store};\n    }}"
         )
         return self.finish(text, final_ctype, py_shape, out, tag, f"_prod({py_shape})")
+
+    def emit_tiled_mm(
+        self,
+        out: tuple[int, ...],
+        py_shape: str,
+        batch_dims: list[str],
+        sizes: tuple[str, str, str],
+        grid_py: tuple[str, str, str],
+        a: Callable[[list[str], str, str], str],
+        b: Callable[[list[str], str, str], str],
+        coords: Callable[[list[str], str, str], list[str]],
+        tag: str,
+        node: fx.Node | None,
+        bias: Callable[[str], str] | None = None,
+    ) -> Val:
+        """A matrix product in TILE x TILE work-groups staging A and B tiles in local memory: ``a(batch, i, k)``,
+        ``b(batch, k, j)`` load (any layout, prologues fused), ``coords(batch, i, j)`` places the output;
+        ``sizes`` are the C expressions of M, N, K and ``grid_py`` the Python ones of N, M and the batch."""
+        M, N, K = sizes
+        bc = [f"bc{k}" for k in range(len(batch_dims))]
+        decl = "".join(
+            f"    const kf_long {c} = {e};\n" for c, e in zip(bc, unflat("bz", batch_dims), strict=True)
+        )
+        cs = coords(bc, "i", "j")
+        dims = self.shape_dims(py_shape, out)
+        epi, ctype, _ = self.epilogue(node, out, cs, "float")
+        add = f" acc += {bias('j')};" if bias is not None else ""
+        text = f"""    KF_LOCAL float As[TILE][TILE];
+    KF_LOCAL float Bs[TILE][TILE + 1];
+    const int tx = KF_LID(0), ty = KF_LID(1);
+    const kf_long j = KF_GRP(0) * TILE + tx, i = KF_GRP(1) * TILE + ty, bz = KF_GRP(2);
+{decl}    float acc = 0.0f;
+    for (kf_long k0 = 0; k0 < (kf_long)({K}); k0 += TILE) {{
+        const kf_long ka = k0 + tx, kb = k0 + ty;
+        As[ty][tx] = (i < {M} && ka < {K}) ? ({a(bc, "i", "ka")}) : 0.0f;
+        Bs[ty][tx] = (kb < {K} && j < {N}) ? ({b(bc, "kb", "j")}) : 0.0f;
+        KF_BARRIER;
+        float part = 0.0f;
+        for (int kk = 0; kk < TILE; ++kk) part += As[ty][kk] * Bs[kk][tx];
+        acc += part;
+        KF_BARRIER;
+    }}
+    if (i < {M} && j < {N}) {{{add} y[{horner(cs, dims)}] = {epi}; }}"""
+        ydt = "torch.float32"
+        self.fwd(f"b{self.nk} = torch.empty({py_shape}, dtype={ydt}, device=dev)")
+        gx, gy, gz = grid_py
+        launch = (
+            f"grid=(_cdiv({gx}, p['TILE']), _cdiv({gy}, p['TILE']), max(1, {gz})), "
+            "block=(p['TILE'], p['TILE'], 1)"
+        )
+        name = self.kernel(text, ctype, "", tag, launch_dims=launch)
+        self.fwd(self.sched.kernels[-1].launch)
+        return self.buffer_val(name, out, py_shape, ctype)
 
     def emit_rows(
         self,

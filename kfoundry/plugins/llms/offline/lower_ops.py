@@ -947,6 +947,24 @@ def _matmul(L: Lowering, node: fx.Node) -> Val:
     K = a.dims[-1]
     full = (*_broadcast(ashape[:-2], bshape[:-2]), ashape[-2], bshape[-1])
 
+    if L.fuse and not (a1 or b1) and ashape[-2] >= 2 and bshape[-1] >= 2:
+        nb = len(full) - 2
+        bdims = L.shape_dims(f"S{n}", out)[:nb]
+        M, N = a.dims[-2], b.dims[-1]
+        S = f"S{n}"
+        return L.emit_tiled_mm(
+            out,
+            S,
+            bdims,
+            (M, N, K),
+            (f"{S}[-1]", f"{S}[-2]", f"_prod({S}[:-2])"),
+            lambda bc, i, k: a.load([*_bc_coords(bc, full[:-2], ashape[:-2]), i, k]),
+            lambda bc, k, j: b.load([*_bc_coords(bc, full[:-2], bshape[:-2]), k, j]),
+            lambda bc, i, j: [*bc, i, j],
+            "mmtile",
+            node,
+        )
+
     def body(c: list[str]) -> str:
         cs = list(c)
         if a1:
@@ -982,6 +1000,23 @@ def _linear_common(L: Lowering, node: fx.Node, x: Val, w: Val, bias: Val | None,
     L.fwd(f"S{n} = {x.py_shape}[:-1] + ({py_out},)")
     out = _shape(node)
     K = x.dims[-1]
+    if L.fuse and math.prod(out[:-1]) >= 2 and out[-1] >= 2:
+        S = f"S{n}"
+        lead = x.dims[:-1]
+        M = " * ".join(f"(kf_long){d}" for d in lead) or "1"
+        return L.emit_tiled_mm(
+            out,
+            S,
+            [],
+            (M, w.dims[0], K),
+            (f"{S}[-1]", f"_prod({S}[:-1])", "1"),
+            lambda bc, i, k: x.load([*unflat(i, lead), k]),
+            lambda bc, k, j: w.load([j, k]),
+            lambda bc, i, j: [*unflat(i, lead), j],
+            "lintile",
+            node,
+            bias=(lambda j: bias.load([j])) if bias is not None else None,
+        )
 
     def body(c: list[str]) -> str:
         s = chunked_sum(L, "acc", K, lambda q: f"({x.load([*c[:-1], q])}) * ({w.load([c[-1], q])})")
