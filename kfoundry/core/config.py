@@ -219,8 +219,13 @@ class RunConfig(Strict):
 def _format_location(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
+        if not isinstance(part, int) and not _PLAIN_KEY.fullmatch(str(part)):
+            part = _short_repr(part, 40)  # a key with spaces, newlines or dots: quoted
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,60}")
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "", source: str = "") -> str:
@@ -233,7 +238,8 @@ def format_validation_error(exc: ValidationError, prefix: str = "", source: str 
     if err["type"] == "extra_forbidden":
         return f"config error{where}: unknown key {loc}"
     more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return f"config error{where}: {loc}: {err['msg']} (got {_short_repr(err.get('input'))}){more}"
+    msg = " ".join(str(err["msg"]).split())[:300]
+    return f"config error{where}: {loc}: {msg} (got {_short_repr(err.get('input'))}){more}"
 
 
 def _short_repr(value: Any, limit: int = 120) -> str:

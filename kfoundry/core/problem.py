@@ -195,8 +195,8 @@ class Problem:
                 f"{self.path}: one call's {'arguments' if self.native else 'inputs'} take {_size(known)} "
                 f"({shapes}), more than {what} ({_size(limit)})"
             )
-        if known is None and self.native is None:
-            return  # get_inputs does not run on the meta device: nothing known without allocating
+        if known is None or self.native is not None:
+            return  # native: ``known`` counts every argument; else get_inputs does not run on meta
         total = self.analysis(max_input_bytes=limit).bytes_moved
         if total > limit:
             raise ProblemError(
@@ -388,8 +388,12 @@ def _overridden(
         if name not in constants:
             known = ", ".join(sorted(constants)) or "none"
             raise ProblemError(one_line(f"{path}: unknown shape constant {name!r} (known: {known})"))
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProblemError(f"{path}: cannot set {name}: a {type(value).__name__} is not a number")
         if isinstance(value, float) and not math.isfinite(value):
             raise ProblemError(f"{path}: cannot set {name}: {value} is not a finite number")
+        if abs(value) >= 2**63:
+            raise ProblemError(f"{path}: cannot set {name}: the value is out of range (|value| >= 2**63)")
         if isinstance(constants[name], int) and not float(value).is_integer():
             raise ProblemError(f"{path}: cannot set {name}={value}: {name} is an integer constant")
         lines = bindings.get(name, [])

@@ -140,10 +140,15 @@ class Store:
             self._conn = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0
             )
+        except (OSError, sqlite3.Error) as exc:
+            self._release()
+            raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
+        try:
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-        except (OSError, sqlite3.Error) as exc:
+        except (OSError, sqlite3.Error, UnicodeDecodeError) as exc:
+            self._conn.close()  # a connection left open would keep SQLite's locks on the file
             self._release()
             raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
         self._lock = threading.RLock()
@@ -159,7 +164,7 @@ class Store:
             self._run_lock.release()
             self._run_lock = None
 
-    def _fail(self, exc: sqlite3.Error, what: str) -> StoreError:
+    def _fail(self, exc: sqlite3.Error | UnicodeDecodeError, what: str) -> StoreError:
         return StoreError(f"store {self.path}: cannot {what}: {_cause(exc)}")
 
     # -- generic access ----------------------------------------------------------------------------
@@ -182,6 +187,8 @@ class Store:
             raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"store {self.path} is not a kfoundry store: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise StoreError(f"store {self.path} is damaged: {_cause(exc)}") from None
         except ValueError as exc:  # a schema_version that is not a number
             raise StoreError(f"store {self.path} has an unreadable schema version: {exc}") from None
 
@@ -200,7 +207,7 @@ class Store:
         with self._lock:
             try:
                 cur = self._conn.execute(sql, params)
-            except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
                     raise
                 raise self._fail(exc, "write") from None
@@ -218,7 +225,7 @@ class Store:
                     if self._conn.in_transaction:
                         self._conn.execute("ROLLBACK")
                     raise
-            except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
                     raise
                 raise self._fail(exc, "write") from None
@@ -228,7 +235,7 @@ class Store:
         with self._lock:
             try:
                 return list(self._conn.execute(sql, params).fetchall())
-            except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
                     raise
                 raise self._fail(exc, "read") from None
