@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,7 +33,7 @@ FAST = [
     "level1/conv_transpose2d.py",
     "level1/cumsum_exclusive.py",
     "level1/cross_entropy.py",
-    "level1/sdpa_causal.py",
+    "level2/gemm_max_subtract_gelu.py",
     "level2/conv2d_group_norm_scale_maxpool_clamp.py",
 ]
 FAMILIES = [
@@ -40,6 +42,7 @@ FAMILIES = [
     "level1/matmul_transposed_both.py",
     "level1/matmul_lower_triangular.py",
     "level1/max_pool2d.py",
+    "level1/max_pool3d.py",
     "level1/avg_pool3d.py",
     "level1/cumsum_reverse.py",
     "level1/argmin_dim.py",
@@ -49,7 +52,7 @@ FAMILIES = [
     "level1/kl_div_loss.py",
     "level1/cosine_similarity_loss.py",
     "level1/conv2d_grouped.py",
-    "level2/gemm_max_subtract_gelu.py",
+    "level1/sdpa_causal.py",
     "level2/conv_transpose3d_batch_norm_avgpool.py",
 ]
 
@@ -173,3 +176,31 @@ def test_integer_powers_are_products() -> None:
     )
     for recipe in OfflineGenerator().recipes(ProblemSummary(name="gelu", reference_source=src), "cuda"):
         assert "pow" not in recipe.kernel, recipe.name
+
+
+def test_kf_run_refuses_an_unknown_op_before_making_a_run_folder(tmp_path: Path) -> None:
+    src = (
+        (DATA / "level1" / "cumsum.py")
+        .read_text()
+        .replace("torch.cumsum(x, dim=self.dim)", "torch.sort(x)[0]")
+    )
+    problem = tmp_path / "sorting.py"
+    problem.write_text(src)
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kfoundry.core.cli import main; sys.exit(main())",
+            str(problem),
+            "--set",
+            f'output_dir="{runs}"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "sort" in lines[0] and "LLM" in lines[0], done.stderr
+    assert not runs.exists() or not any(runs.iterdir())
