@@ -56,13 +56,25 @@ class StoreError(KfError):
     """The store cannot be opened, locked, read or written (one line naming the path and the cause)."""
 
 
-def _cause(exc: BaseException) -> str:
-    """An OS or SQLite error's cause in words (``disk full``, ``read-only``, ...), on one line."""
+def _cause(exc: BaseException, path: Path | None = None) -> str:
+    """An OS or SQLite error's cause in words (``disk full``, ``read-only``, ...), on one line.
+
+    SQLite says only "disk I/O error" for some of these; the file system of ``path`` then tells.
+    """
     text = " ".join(str(exc).split()) or type(exc).__name__
     low = text.lower()
-    if "disk is full" in low or getattr(exc, "errno", None) == errno.ENOSPC:
+    full = "disk is full" in low or getattr(exc, "errno", None) == errno.ENOSPC
+    readonly = (
+        "readonly" in low or "read-only" in low or getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES)
+    )
+    if not (full or readonly) and path is not None:
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(path if path.is_dir() else path.parent)
+            readonly = bool(fs.f_flag & os.ST_RDONLY)
+            full = not readonly and fs.f_bavail * fs.f_frsize < 64 * 1024
+    if full:
         return f"the disk is full ({text})"
-    if "readonly" in low or "read-only" in low or getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES):
+    if readonly:
         return f"the folder is read-only or not writable ({text})"
     return text
 
@@ -88,7 +100,7 @@ class RunLock:
         try:
             self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise StoreError(f"cannot lock {path}: {_cause(exc)}") from None
+            raise StoreError(f"cannot lock {path}: {_cause(exc, path)}") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -131,7 +143,9 @@ class Store:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot create the folder of store {self.path}: {_cause(exc)}") from None
+            raise StoreError(
+                f"cannot create the folder of store {self.path}: {_cause(exc, self.path)}"
+            ) from None
         if self.path.parent.is_dir() is False:
             raise StoreError(f"cannot open store {self.path}: {self.path.parent} is not a folder")
         if lock:
@@ -142,7 +156,7 @@ class Store:
             )
         except (OSError, sqlite3.Error) as exc:
             self._release()
-            raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
+            raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
         try:
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -150,7 +164,7 @@ class Store:
         except (OSError, sqlite3.Error, UnicodeDecodeError) as exc:
             self._conn.close()  # a connection left open would keep SQLite's locks on the file
             self._release()
-            raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
+            raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
         self._lock = threading.RLock()
         try:
             self._migrate()
@@ -165,7 +179,7 @@ class Store:
             self._run_lock = None
 
     def _fail(self, exc: sqlite3.Error | UnicodeDecodeError, what: str) -> StoreError:
-        return StoreError(f"store {self.path}: cannot {what}: {_cause(exc)}")
+        return StoreError(f"store {self.path}: cannot {what}: {_cause(exc, self.path)}")
 
     # -- generic access ----------------------------------------------------------------------------
 
@@ -184,11 +198,11 @@ class Store:
                         f"store {self.path} has schema {row[0]}, newer than this kfoundry ({SCHEMA_VERSION})"
                     )
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"cannot open store {self.path}: {_cause(exc)}") from None
+            raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"store {self.path} is not a kfoundry store: {exc}") from None
         except UnicodeDecodeError as exc:
-            raise StoreError(f"store {self.path} is damaged: {_cause(exc)}") from None
+            raise StoreError(f"store {self.path} is damaged: {_cause(exc, self.path)}") from None
         except ValueError as exc:  # a schema_version that is not a number
             raise StoreError(f"store {self.path} has an unreadable schema version: {exc}") from None
 
