@@ -234,3 +234,19 @@ def test_full_disk_and_read_only_folder(tmp_path: Path, fault: str, cause: str) 
     line = one_error_line(err)
     assert code == 2 and cause in line and "/run/" in line, err
     assert after == before  # nothing stored was lost
+
+
+def test_huge_shape_ends_in_one_line_without_allocating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kf-run vector_add.py --shape N=274877906944`` (2 TiB of inputs): refused before any input is drawn."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code, err = run_cli(
+        [str(PROBLEM), "--shape", "N=274877906944", "--set", f"output_dir={tmp_path}"], capsys
+    )
+    line = one_error_line(err)
+    assert code == 2 and "one call's inputs take 2.0 TiB (N=274877906944), more than" in line
+    # KiB; imports and the OpenCL runtime take a few hundred MiB the first time, no input was drawn
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1024 * 1024
