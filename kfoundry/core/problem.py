@@ -6,6 +6,12 @@
 :mod:`kfoundry.core.native_task`). Either way a problem builds its reference model, its inputs for a
 seed, and a runnable model from a :class:`~kfoundry.core.models.Candidate`, and knows the least it
 must move (``bytes_moved``) and compute (``flops``, torch's FLOP counter on the reference).
+
+An override rewrites the constant's ``NAME = value`` line(s) and runs the module again, so constants
+derived from it follow (``bias_shape = (out_channels, 1, 1)``); one that cannot be applied soundly is
+refused naming the constant and why. :meth:`Problem.check_size` sizes one call's inputs and outputs
+from shapes and dtypes (on the meta device: nothing allocated) against ``problem.max_bytes``, the
+device's and the host's memory. Every malformed file is one :class:`ProblemError` line.
 """
 
 from __future__ import annotations
