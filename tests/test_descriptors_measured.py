@@ -267,6 +267,11 @@ def test_opencl_measured_from_llvm_ir() -> None:
     assert n["hierarchy"] < 2 <= t["hierarchy"] and t["intensity"] > n["intensity"]
     assert space.cell(commented) == space.cell(tiled)
     assert space.features(tiled)["shared_bytes"] == 2048
+    # a shape macro the candidate passes at run time gets a placeholder, so the kernel is still measured
+    shaped = Candidate(
+        source=CL_TILED.replace("int N)", "int unused)"), language="opencl", kind="native", params={"TS": 16}
+    )
+    assert space.features(shaped)["measured"] == 1.0
 
 
 @needs_nvrtc

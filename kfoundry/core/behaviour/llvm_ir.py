@@ -169,8 +169,12 @@ def find_clang() -> str | None:
     return found[-1] if found else shutil.which("clang")
 
 
+class IRCompileFailed(Exception):
+    """clang refused the OpenCL C; the message is its diagnostics."""
+
+
 def compile_ir(source: str, defines: dict[str, ParamValue], timeout_s: float = 60.0) -> str | None:
-    """clang's -O2 LLVM IR of OpenCL C ``source`` (None without clang or when it does not compile)."""
+    """clang's -O2 LLVM IR of OpenCL C ``source`` (None without clang; :class:`IRCompileFailed` with the log)."""
     clang = find_clang()
     if clang is None:
         return None
@@ -195,13 +199,17 @@ def compile_ir(source: str, defines: dict[str, ParamValue], timeout_s: float = 6
     ]
     try:
         proc = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise IRCompileFailed(str(exc)) from None
+    if proc.returncode != 0:
+        raise IRCompileFailed(proc.stderr[-4000:])
+    return proc.stdout
 
 
 def instruction_mix(source: str, defines: dict[str, ParamValue]) -> tuple[Mix, int] | None:
-    """The loop-weighted mix and declared local bytes of OpenCL C ``source`` (None without clang)."""
+    """The loop-weighted mix and declared local bytes of OpenCL C ``source`` (None without clang).
+
+    Raises :class:`IRCompileFailed` when clang refuses the source."""
     ir = compile_ir(source, defines)
     if ir is None:
         return None

@@ -178,10 +178,13 @@ def measure_opencl(
         return None
     out = []
     for src in programs:
-        found = llvm_ir.instruction_mix(src, params)
-        if found is None:
-            log.debug("measured descriptors: OpenCL program does not compile with clang")
+        try:
+            found = with_placeholders(functools.partial(llvm_ir.instruction_mix, src), params)
+        except llvm_ir.IRCompileFailed as exc:
+            log.debug("measured descriptors: OpenCL program does not compile with clang: %s", exc)
             return {"measured": 0.0}
+        if found is None:
+            return None
         mix, local_bytes = found
         local_mem = (ctx.device.local_mem_bytes if ctx.device else None) or 65536
         occ = 1.0 if local_bytes == 0 else min(1.0, (local_mem // max(local_bytes, 1)) / 8.0)
