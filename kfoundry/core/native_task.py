@@ -373,6 +373,14 @@ class NativeTask:
                 out.append(torch.rand(shape, generator=gen, dtype=dtype, device=device))
         return out
 
+    def meta_inputs(self) -> list[torch.Tensor]:
+        """The input arguments as empty tensors on the meta device (shapes and dtypes, no memory)."""
+        return [
+            torch.empty(self.shape_of(a), dtype=_dtype(a.dtype, a.name), device="meta")
+            for a in self.spec.args
+            if a.kind == "input"
+        ]
+
     def make_reference(self) -> nn.Module:
         return NativeReference(self.reference_fn)
 

@@ -218,10 +218,8 @@ class Problem:
         """
         if self._analysis is None:
             try:  # on the meta device: shapes and FLOPs without allocating or computing anything
-                if self.native is not None:
-                    raise ProblemError("native tasks draw their inputs with a host generator")
                 with torch.device("meta"):
-                    inputs, outputs, flops = self._run_counted()
+                    inputs, outputs, flops = self._run_counted(meta=True)
             except (Exception, SystemExit):
                 known = self.input_bytes()
                 if max_input_bytes is not None and (known is None or known > max_input_bytes):
@@ -251,10 +249,11 @@ class Problem:
             )
         return self._analysis
 
-    def _run_counted(self) -> tuple[list[Any], list[Any], float]:
+    def _run_counted(self, meta: bool = False) -> tuple[list[Any], list[Any], float]:
         from torch.utils.flop_counter import FlopCounterMode
 
-        inputs = self.make_inputs(0)
+        # a native task draws with a host generator: on the meta device its inputs are made empty
+        inputs = self.native.meta_inputs() if meta and self.native is not None else self.make_inputs(0)
         model = self.make_reference()
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             outputs = as_tensor_list(model(*inputs))
