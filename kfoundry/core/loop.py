@@ -487,7 +487,9 @@ class OptimizeLoop:
         self.save_state()
         summary = self.summary()
         summary.exported = self.export_best()
-        log.info("run %s stopped: %s; best %s", self.run_id, reason, _best_text(summary.best))
+        seen = f"{self._best_seen[0]:.2f}x ({self._best_seen[1]})" if self._best_seen[1] else "none correct"
+        log.info("run %s stopped: %s; best %s", self.run_id, reason,
+                 _best_text(summary.best) if summary.best is not None else seen)
         hooks.run_finished(self.run_id, summary.as_dict())
         self.store.save_run(self.run_id, self.problem.name, resolved_config(self.config), "finished", summary.as_dict())
         return summary
