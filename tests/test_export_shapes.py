@@ -78,7 +78,17 @@ def test_the_table_takes_the_fastest_kernel_of_each_shape(run: OptimizeResult, t
 def test_exported_package_matches_the_reference_in_a_fresh_process(
     run: OptimizeResult, tmp_path: Path
 ) -> None:
-    done = kf_run("export", str(run.run_dir), "--to", str(tmp_path / "softmax_kernels"), "--header", "--json")
+    # 30 fresh-input checks per entry: a kernel that fails now and then here is left out, not shipped
+    done = kf_run(
+        "export",
+        str(run.run_dir),
+        "--to",
+        str(tmp_path / "softmax_kernels"),
+        "--header",
+        "--json",
+        "--verify",
+        "30",
+    )
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     table = json.loads((tmp_path / "softmax_kernels" / "table.json").read_text())
