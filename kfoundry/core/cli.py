@@ -108,7 +108,6 @@ def configure_logging(verbose: int = 0, quiet: bool = False, stream: Any = None)
     handler.set_name("kf-run")
     logger.addHandler(handler)
     logger.setLevel(level)
-    logger.propagate = False
     return terminal
 
 

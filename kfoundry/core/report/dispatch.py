@@ -132,7 +132,16 @@ class Dispatcher:
             self.last_choice = f"reference: {why}"
             return self.reference()(*inputs)
         self.last_choice = f"kernel:{self.entries[index]['kernel']}"
-        return self._model(index)(*inputs)
+        return self.run_entry(index, *inputs)
+
+    def run_entry(self, index: int, *inputs: Any) -> Any:
+        """Run entry ``index``'s kernel and wait for it: launches are asynchronous, and the outputs are
+        ordinary tensors the caller reads at once (a CPU device writes them in place)."""
+        from kfoundry.runtime import synchronize
+
+        out = self._model(index)(*inputs)
+        synchronize()
+        return out
 
 
 def e_dtypes(entry: dict[str, Any]) -> list[str]:

@@ -227,7 +227,7 @@ def verify_package(to: Path, trials: int, atol: float = 1e-4, rtol: float = 1e-4
         for t in range(trials):
             inputs = problem.make_inputs(7919 + t)
             try:
-                got = dispatcher._model(i)(*inputs)
+                got = dispatcher.run_entry(i, *inputs)
             except Exception as exc:  # a kernel that does not build or launch here
                 failed[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
