@@ -118,10 +118,19 @@ class Ensemble(Generator):
         self.unreachable: set[str] = set()
         self._pending: dict[str, tuple[str, float, float]] = {}
         self._lock = threading.Lock()
+        self._pick_lock = threading.Lock()
         self._observer_name: str | None = None
         self._manager: PluginManager | None = None
 
     # -- Generator ---------------------------------------------------------------------------------
+
+    @property
+    def concurrency(self) -> int:
+        """Requests worth sending at once: the members' concurrency limits added up (1 while any
+        member is not a language model, whose generator may not be thread-safe)."""
+        if not all(m.is_llm for m in self.members):
+            return 1
+        return sum(int(getattr(m.generator, "concurrency", 1)) for m in self.members)
 
     def propose(self, request: GenerationRequest) -> list[Proposal]:
         """Proposals by the configured mode; none once the LLM budget is spent (see :attr:`stop_reason`)."""
@@ -148,17 +157,20 @@ class Ensemble(Generator):
         if self.exhausted or (self.ledger.exhausted and all(m.is_llm for m in self.members)):
             self._exhaust(LLMBudgetExhausted(self.ledger.why(0)))
             return []
-        request = self._with_prompt(request)
+        with self._pick_lock:  # requests of a generation may come from several threads at once
+            request = self._with_prompt(request)
         if self.mode == "vote":
             return self._vote(request, call)
         counts: dict[int, int] = {}
-        for _ in range(request.n):
-            idx = self._pick_bandit() if self.mode == "bandit" else self._pick_weighted()
-            counts[idx] = counts.get(idx, 0) + 1
+        with self._pick_lock:
+            for _ in range(request.n):
+                idx = self._pick_bandit() if self.mode == "bandit" else self._pick_weighted()
+                counts[idx] = counts.get(idx, 0) + 1
         out: list[Proposal] = []
         for idx in sorted(counts):
             out += self._ask(self.members[idx], request.model_copy(update={"n": counts[idx]}), call)
-        return self._admit(request, out)
+        with self._pick_lock:
+            return self._admit(request, out)
 
     def _ask(
         self, member: Member, request: GenerationRequest, call: Callable[..., list[Proposal]]
@@ -214,7 +226,8 @@ class Ensemble(Generator):
     def _vote(self, request: GenerationRequest, call: Callable[..., list[Proposal]]) -> list[Proposal]:
         each = request.model_copy(update={"n": math.ceil(request.n / len(self.members))})
         batches = self._each(lambda m: self._ask(m, each, call))
-        pooled = self._admit(request, [p for batch in batches for p in batch])
+        with self._pick_lock:
+            pooled = self._admit(request, [p for batch in batches for p in batch])
         failed = [p for p in pooled if p.candidate is None]
         valid = [p for p in pooled if p.candidate is not None]
         keep = min(self.keep, request.n)

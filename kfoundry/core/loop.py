@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -140,6 +141,10 @@ class LoopSummary:
         }
 
 
+class _StopBatch(Exception):
+    """Raised from a record callback to end a batch early (a budget ran out)."""
+
+
 class ShapeSetEvaluator:
     """Evaluates each candidate on several shape sets, one evaluator per set, and aggregates.
 
@@ -165,11 +170,37 @@ class ShapeSetEvaluator:
         return str(self.evaluators[0].backend_name)
 
     def evaluate(self, candidate: Candidate) -> EvalRecord:
-        records: list[EvalRecord] = []
-        for evaluator in self.evaluators:
-            records.append(evaluator.evaluate(candidate))
-            if not records[-1].is_correct:
-                break
+        return self.evaluate_many([candidate])[0]
+
+    def evaluate_many(
+        self, candidates: list[Candidate], on_record: Callable[[int, EvalRecord], None] | None = None
+    ) -> list[EvalRecord]:
+        """Each shape set's evaluator gets every candidate still correct at once (concurrently where
+        its executor allows); ``on_record(index, record)`` as each candidate's verdict is final."""
+        per: list[list[EvalRecord]] = [[] for _ in candidates]
+        out: list[EvalRecord | None] = [None] * len(candidates)
+        alive = list(range(len(candidates)))
+        for n, evaluator in enumerate(self.evaluators):
+            last = n == len(self.evaluators) - 1
+
+            def arrived(j: int, record: EvalRecord, ids: list[int] = alive, last: bool = last) -> None:
+                i = ids[j]
+                per[i].append(record)
+                if last or not record.is_correct:
+                    out[i] = final = self._aggregate(per[i])
+                    if on_record is not None:
+                        on_record(i, final)
+
+            many = getattr(evaluator, "evaluate_many", None)
+            if many is not None:
+                many([candidates[i] for i in alive], on_record=arrived)
+            else:
+                for j, i in enumerate(alive):
+                    arrived(j, evaluator.evaluate(candidates[i]))
+            alive = [i for i in alive if out[i] is None]
+        return [r for r in out if r is not None]
+
+    def _aggregate(self, records: list[EvalRecord]) -> EvalRecord:
         per_shape = [
             {"shapes": dict(s), "outcome": r.outcome.value, "speedup": r.speedup, "eval_key": r.eval_key,
              "median_ms": r.timing.median_ms if r.timing else None,
@@ -185,6 +216,24 @@ class ShapeSetEvaluator:
         elif not base.is_correct and len(self.shape_sets) > 1:
             update["message"] = f"on shape set {self.shape_sets[len(records) - 1]}: {base.message}"
         return base.model_copy(update=update)
+
+
+def propose_together(
+    generator: Generator, requests: list[GenerationRequest], limit: int
+) -> list[list[Proposal] | KfError]:
+    """``generator.propose`` for every request, ``limit`` at a time (threads: the calls wait on the
+    network); per request its proposals or the :class:`KfError` it raised, in request order."""
+
+    def one(request: GenerationRequest) -> list[Proposal] | KfError:
+        try:
+            return generator.propose(request)
+        except KfError as exc:
+            return exc
+
+    if limit <= 1 or len(requests) <= 1:
+        return [one(r) for r in requests]
+    with ThreadPoolExecutor(max_workers=min(len(requests), limit)) as pool:
+        return list(pool.map(one, requests))
 
 
 def build_generator(config: RunConfig, store: Store, run_id: str, run_dir: Path, language: str) -> Generator:
@@ -369,6 +418,9 @@ class OptimizeLoop:
         try:
             if generation == 0:
                 pairs = self._seed_proposals(n, avoid)
+            elif self._concurrency > 1:
+                asks = list(self.strategy.ask(n))
+                pairs = self._propose_concurrently([(a, self._request(a, generation, i, avoid)) for i, a in enumerate(asks)])
             else:
                 for i, ask in enumerate(self.strategy.ask(n)):
                     for p in self.generator.propose(self._request(ask, generation, i, avoid)):
@@ -389,6 +441,24 @@ class OptimizeLoop:
         self._insert_rows(rows)
         return rows
 
+    @property
+    def _concurrency(self) -> int:
+        """Generator requests sent at once (the generator's own limit; 1 for non-LLM generators)."""
+        return max(1, int(getattr(self.generator, "concurrency", 1)))
+
+    def _propose_concurrently(self, requests: list[tuple[SearchAsk, GenerationRequest]]) -> list[tuple[SearchAsk, Proposal]]:
+        """A generation's requests sent together (the providers cap calls in flight); proposals in
+        request order. A spent LLM budget keeps what the other requests brought back."""
+        answers = propose_together(self.generator, [r for _, r in requests], self._concurrency)
+        pairs = [(ask, p) for (ask, _), got in zip(requests, answers, strict=True) if isinstance(got, list) for p in got]
+        errors = [e for e in answers if isinstance(e, KfError)]
+        fatal = [e for e in errors if type(e).__name__ != "LLMBudgetExhausted"]
+        if fatal or (errors and not pairs):
+            raise (fatal or errors)[0]
+        if errors:
+            self._llm_stop = f"LLM budget spent ({errors[0]})"
+        return pairs
+
     def _seed_proposals(self, n: int, avoid: set[str]) -> list[tuple[SearchAsk, Proposal]]:
         pairs: list[tuple[SearchAsk, Proposal]] = []
         ask = SearchAsk(mode="create", extra={"seed": True})
@@ -398,19 +468,66 @@ class OptimizeLoop:
             cand = read_candidate(self.seed_kernel).model_copy(update={"generator": "seed", "meta": {"seed": True}})
             pairs.append((ask, Proposal(candidate=cand, generator="seed", rationale=f"naive seed {self.seed_kernel.name}")))
         request = self._request(ask, 0, 0, avoid).model_copy(update={"n": self.initial_proposals or seed_count(self.config)})
+        if self._concurrency > 1 and request.n > 1:  # one request per seed, sent together
+            each = [request.model_copy(update={"n": 1, "extra": {**request.extra, "index": i}}) for i in range(request.n)]
+            with ThreadPoolExecutor(max_workers=min(len(each), self._concurrency)) as pool:
+                for got in pool.map(self.generator.seeds, each):
+                    pairs += [(ask, p) for p in got]
+            return pairs
         pairs += [(ask, p) for p in self.generator.seeds(request)]
         return pairs
 
     # -- evaluation --------------------------------------------------------------------------------
 
-    def _evaluate(self, row: Row) -> None:
+    def _evaluate_rows(self, rows: list[Row]) -> str:
+        """Evaluate a generation's pending rows as one batch (the executor runs them concurrently).
+
+        Each record is stored as it arrives, so a kill loses only the jobs in flight; the batch is
+        cut to the evaluation budget left. Returns why the run must stop before all were done ("").
+        """
+        if reason := self.stop_reason(before_evaluation=True):
+            return reason
+        budget = self.config.budget.evaluations
+        left = len(rows) if budget is None else max(0, budget - self.evaluations)
+        batch: list[Row] = []
+        for row in rows:
+            if row.candidate is None:  # a parse error costs no evaluation
+                self._evaluate(row)
+                self._evaluated(row)
+            elif len(batch) < left:
+                batch.append(row)
+        many = getattr(self.evaluator, "evaluate_many", None)
+        if many is None or len(batch) <= 1:
+            for row in batch:
+                if reason := self.stop_reason(before_evaluation=True):
+                    return reason
+                self._evaluate(row)
+                self._evaluated(row)
+        else:
+            def arrived(i: int, record: EvalRecord) -> None:
+                self._evaluate(batch[i], record)
+                self._evaluated(batch[i])
+                if self.stop_reason(before_evaluation=True):
+                    raise _StopBatch  # a budget is spent: jobs not started yet are cancelled
+
+            with contextlib.suppress(_StopBatch):
+                many([r.candidate for r in batch], on_record=arrived)
+        return self.stop_reason(before_evaluation=True) if any(r.record is None for r in rows) else ""
+
+    def _evaluated(self, row: Row) -> None:
+        self.save_state()
+        self._log_evaluation(row)
+        if self.observer:
+            self.observer.evaluated(self, row)
+
+    def _evaluate(self, row: Row, record: EvalRecord | None = None) -> None:
         if row.candidate is None:
             row.record = EvalRecord(
                 candidate_hash="", eval_key="", problem=self.problem.name, backend=self.evaluator.backend_name,
                 device=self.evaluator.device.key, outcome=Outcome.parse_error, message=row.parse_error or "no code",
             )
         else:
-            record = self.evaluator.evaluate(row.candidate)
+            record = record or self.evaluator.evaluate(row.candidate)
             record.descriptors = record_descriptors(self.space, row.candidate, row.coords, record)
             row.record = record
         self._save_record(row)
@@ -465,16 +582,7 @@ class OptimizeLoop:
             if not rows:  # an LLM ensemble whose budget is spent says why in ``stop_reason``
                 reason = getattr(self.generator, "stop_reason", "") or "the generator proposed nothing"
                 break
-            for row in rows:
-                if row.record is not None:
-                    continue
-                if reason := self.stop_reason(before_evaluation=True):
-                    break
-                self._evaluate(row)
-                self.save_state()
-                self._log_evaluation(row)
-                if self.observer:
-                    self.observer.evaluated(self, row)
+            reason = self._evaluate_rows([r for r in rows if r.record is None])
             if reason:
                 break
             self._end_generation(g, rows)

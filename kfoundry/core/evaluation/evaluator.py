@@ -10,11 +10,13 @@ a speedup above ``evaluation.flag_speedup_above`` sets ``roofline_flag`` for rev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as md
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -207,9 +209,22 @@ class Evaluator:
         """Evaluate one candidate (served from the store when an identical evaluation exists)."""
         return self.evaluate_many([candidate])[0]
 
-    def evaluate_many(self, candidates: list[Candidate]) -> list[EvalRecord]:
-        """Evaluate candidates through the executor (concurrently where it allows); records in order."""
+    def evaluate_many(
+        self, candidates: list[Candidate], on_record: Callable[[int, EvalRecord], None] | None = None
+    ) -> list[EvalRecord]:
+        """Evaluate candidates through the executor (concurrently where it allows); records in order.
+
+        ``on_record(index, record)`` is called in this thread as each record is ready (cached and
+        rejected ones first, then executor results as they finish), so a caller can store them then;
+        an exception it raises stops the batch (jobs not started are cancelled) and propagates.
+        """
         records: list[EvalRecord | None] = [None] * len(candidates)
+
+        def done(i: int, record: EvalRecord) -> None:
+            records[i] = record
+            if on_record is not None:
+                on_record(i, record)
+
         pending: list[tuple[int, str]] = []
         for i, candidate in enumerate(candidates):
             key = self.eval_key(candidate)
@@ -217,23 +232,28 @@ class Evaluator:
             # bypasses them, and their rejections are stored under their own key, never served.
             early = self._precheck(candidate, f"{key}-static")
             if early is not None:
-                records[i] = self._finish(candidate, early)
+                done(i, self._finish(candidate, early))
                 continue
             cached = self.store.cached_evaluation(key) if self.store and self.config.evaluation.cache else None
             if cached is not None:
-                records[i] = self._finish(candidate, cached)
+                done(i, self._finish(candidate, cached))
             else:
                 pending.append((i, key))
         if pending:
             self.reference_timing()
-            results = self.executor.run([self._job("evaluate", candidates[i]) for i, _ in pending])
-            for (i, key), result in zip(pending, results, strict=True):
-                if _environment_failure(result):  # stored, but never served from the cache
-                    key = f"{key}-env"
-                record = self._record(candidates[i], key, result)
-                if record.roofline_flag:
-                    record = self._remeasure(candidates[i], key, record)
-                records[i] = self._finish(candidates[i], record)
+            jobs = [self._job("evaluate", candidates[i]) for i, _ in pending]
+            results = self.executor.run_iter(jobs)
+            with contextlib.ExitStack() as stack:  # closed early: the executor cancels unstarted jobs
+                if hasattr(results, "close"):
+                    stack.callback(results.close)
+                for j, result in results:
+                    i, key = pending[j]
+                    if _environment_failure(result):  # stored, but never served from the cache
+                        key = f"{key}-env"
+                    record = self._record(candidates[i], key, result)
+                    if record.roofline_flag:
+                        record = self._remeasure(candidates[i], key, record)
+                    done(i, self._finish(candidates[i], record))
         return [r for r in records if r is not None]
 
     def _remeasure(self, candidate: Candidate, key: str, first: EvalRecord) -> EvalRecord:

@@ -6,12 +6,14 @@ a list of :class:`~kfoundry.core.evaluation.jobs.EvalJob` and gets back one
 (crash, hang, out of memory) is a result, never an exception: run each job through
 :func:`kfoundry.core.evaluation.sandbox.run_sandboxed` (on whatever machine runs it), which turns
 every failure into a typed outcome. Executors may run jobs concurrently; the sandbox serialises the
-timing phase per device through ``EvalJob.lock_path``.
+timing phase per device through ``EvalJob.lock_path``. :meth:`Executor.run_iter` yields results as
+they finish (the default runs the whole batch first); callers iterate it in the driver's thread.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 from kfoundry.core.evaluation.jobs import EvalJob, JobResult
 
@@ -22,6 +24,10 @@ class Executor(ABC):
     @abstractmethod
     def run(self, jobs: list[EvalJob]) -> list[JobResult]:
         """Run every job in a sandbox; results in job order; never raise for one job's failure."""
+
+    def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
+        """``(job index, result)`` pairs as jobs finish (default: all of :meth:`run`, in order)."""
+        yield from enumerate(self.run(jobs))
 
     def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Release workers (default: nothing to do)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -186,6 +187,12 @@ class ProviderOptions(BaseModel):
         description="Local token counts for OpenAI-family models: cached (tiktoken, only if its encoding "
         "is on this machine), download (tiktoken may fetch it), off (conservative estimate only).",
     )
+    concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Calls to this provider in flight at once (a generation's requests go out together).",
+    )
     max_failed_calls: int = Field(
         default=3,
         ge=1,
@@ -273,6 +280,13 @@ class LLMProvider(Generator):
         self._counter: TokenCounter | None = None
         self._failed_in_row = 0
         self._context_refused = False
+        #: At most ``options.concurrency`` calls in flight; a call waits for a slot before it reserves.
+        self._slots = threading.BoundedSemaphore(options.concurrency)
+
+    @property
+    def concurrency(self) -> int:
+        """Calls this provider takes at once."""
+        return self.options.concurrency
 
     # -- configuration -----------------------------------------------------------------------------
 
@@ -388,6 +402,17 @@ class LLMProvider(Generator):
         :class:`ModelUnreachable` when the server cannot be reached, and :class:`LLMError` on
         another permanent failure. Every failed call is logged (one warning line) and counted.
         """
+        with self._slots:  # the per-provider concurrency limit; the ledger's reservation keeps caps exact
+            return self._call(kind, prompt, key, max_tokens, generation)
+
+    def _call(
+        self,
+        kind: CallKind,
+        prompt: Prompt,
+        key: str,
+        max_tokens: int | None = None,
+        generation: int | None = None,
+    ) -> Completion | None:
         self._context_refused = False
         estimate = self.prompt_estimate(prompt)
         limit = min(max_tokens or self.options.max_tokens, self.options.max_tokens)

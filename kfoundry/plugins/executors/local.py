@@ -2,12 +2,16 @@
 
 Each job gets a fresh child (see :mod:`kfoundry.core.evaluation.sandbox`); the timing phase of
 concurrent jobs is serialised per device by the sandbox's lock, so ``workers > 1`` overlaps
-compilation and correctness checks without letting benchmarks disturb each other.
+compilation and correctness checks without letting benchmarks disturb each other. Results come back
+as they finish (:meth:`LocalExecutor.run_iter`); a caller that stops iterating cancels the jobs not
+yet started. A job that raises instead of returning (a bug in the
+machinery, never the candidate's failure) becomes a ``runtime_error`` result.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +20,7 @@ from kfoundry.core.evaluation.executor import Executor
 from kfoundry.core.evaluation.jobs import EvalJob, JobResult
 from kfoundry.core.evaluation.sandbox import run_sandboxed
 from kfoundry.core.hookspecs import Register
+from kfoundry.core.models import Outcome
 
 
 class LocalOptions(BaseModel):
@@ -26,6 +31,13 @@ class LocalOptions(BaseModel):
     workers: int = Field(default=1, ge=1, le=256, description="jobs run at once")
 
 
+def _result_of(future: Future[JobResult]) -> JobResult:
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - the contract: one job's failure is a result
+        return JobResult(outcome=Outcome.runtime_error, message=f"setup: the executor failed: {exc}"[:500])
+
+
 class LocalExecutor(Executor):
     """Sandboxed local worker processes (see module docstring)."""
 
@@ -33,12 +45,30 @@ class LocalExecutor(Executor):
         self.options = options or LocalOptions()
 
     def run(self, jobs: list[EvalJob]) -> list[JobResult]:
+        results: list[JobResult | None] = [None] * len(jobs)
+        for i, result in self.run_iter(jobs):
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
         if self.options.workers == 1 or len(jobs) <= 1:
-            return [run_sandboxed(job) for job in jobs]
-        with ThreadPoolExecutor(max_workers=min(self.options.workers, len(jobs))) as pool:
-            return list(pool.map(run_sandboxed, jobs))
+            for i, job in enumerate(jobs):
+                yield i, run_sandboxed(job)
+            return
+        pool = ThreadPoolExecutor(max_workers=min(self.options.workers, len(jobs)))
+        try:
+            futures = {pool.submit(run_sandboxed, job): i for i, job in enumerate(jobs)}
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=futures.__getitem__):
+                    yield futures[future], _result_of(future)
+        finally:  # the caller stopped early (a budget): jobs not started never start
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 @hookimpl
 def kf_register_executors(register: Register) -> None:
-    register("local", LocalExecutor, options=LocalOptions, description="sandboxed worker processes on this machine")
+    register(
+        "local", LocalExecutor, options=LocalOptions, description="sandboxed worker processes on this machine"
+    )

@@ -23,7 +23,9 @@ class RayOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    address: str | None = Field(default=None, description="Ray cluster address (None: start or join a local one)")
+    address: str | None = Field(
+        default=None, description="Ray cluster address (None: start or join a local one)"
+    )
     cpus_per_job: float = Field(default=1.0, gt=0)
     gpus_per_job: float = Field(default=0.0, ge=0, description="GPUs each job reserves (1 for GPU backends)")
 
@@ -46,7 +48,9 @@ class RayExecutor(Executor):
         self._ray: Any = ray
         if not ray.is_initialized():
             ray.init(address=self.options.address, ignore_reinit_error=True, log_to_driver=False)
-        self._task = ray.remote(num_cpus=self.options.cpus_per_job, num_gpus=self.options.gpus_per_job)(_sandboxed)
+        self._task = ray.remote(num_cpus=self.options.cpus_per_job, num_gpus=self.options.gpus_per_job)(
+            _sandboxed
+        )
 
     def run(self, jobs: list[EvalJob]) -> list[JobResult]:
         refs = [self._task.remote(job.model_dump_json()) for job in jobs]
