@@ -20,7 +20,7 @@ def lower(spec: OpSpec, language: str, fuse: bool) -> tuple[str, str]:
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     blocks, default = _BLOCKS["cuda" if language == "cuda" else "opencl"]
-    preamble = PY_HELPERS + "\n\n" + init_source(spec.source) + "\n"
+    preamble = PY_HELPERS + "\n\n" + init_source(spec.source, dict(spec.dims)) + "\n"
     args = [f"x{i}" for i in range(len(spec.input_shapes))]
     out = []
     for rank, (fuse, name, what) in enumerate(

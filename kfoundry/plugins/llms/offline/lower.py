@@ -620,12 +620,17 @@ def _is_pyvalue(node: fx.Node) -> bool:
 # -- rendering -----------------------------------------------------------------------------------
 
 
-def init_source(reference_source: str) -> str:
+def init_source(reference_source: str, shapes: dict[str, int | float] | None = None) -> str:
     """The reference module without its ``forward`` methods or input functions: the parameter holder
-    ``_RefInit`` (its constructor draws the same parameters, in the same order, as the reference's)."""
+    ``_RefInit`` (its constructor draws the same parameters, in the same order, as the reference's).
+    Module constants named in ``shapes`` take those values (a constructor reading a global sees them)."""
     tree = ast.parse(reference_source)
     body: list[ast.stmt] = []
     for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+            if shapes and name in shapes:
+                stmt.value = ast.Constant(shapes[name])
         if isinstance(stmt, ast.FunctionDef) and stmt.name in ("get_inputs", "get_init_inputs"):
             continue
         if isinstance(stmt, ast.ClassDef) and stmt.name == "Model":

@@ -133,6 +133,7 @@ class _Trace:
                 raise GeneratorUnsupported(f"offline generator: the reference has no {name}")
         self.ref = ref
         self.source = problem.reference_source
+        self.shapes = dict(problem.shapes)
         torch.manual_seed(0)
         self.init_inputs = list(ref.get_init_inputs())
         try:
@@ -236,7 +237,7 @@ def _graph(t: _Trace) -> OpSpec:
 
     Lowering(t.gm, "opencl", True).run(len(t.inputs))
     return OpSpec(family="graph", input_shapes=[list(x.shape) for x in t.inputs], output_shape=t.shape(t.out),
-                  graph=t.gm, source=t.source)
+                  graph=t.gm, source=t.source, dims={k: v for k, v in t.shapes.items() if isinstance(v, int)})
 
 
 def _expr_over(t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: str) -> str:
