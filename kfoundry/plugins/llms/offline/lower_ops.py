@@ -1454,7 +1454,43 @@ def _sdpa(L: Lowering, node: fx.Node) -> Val:
             f"        }}\n        acc = m == -INFINITY ? 0.0f : acc / l;  /* a row with no finite score: 0, as torch */"
         )
 
-    return L.emit_pointwise(out, f"S{n}", body, "sdpa", node=node)
+    if not L.fuse:
+        return L.emit_pointwise(out, f"S{n}", body, "sdpa", node=node)
+    Dv = v.dims[-1]
+
+    def rows(c: list[str], store: Callable[[list[str], str], str]) -> str:
+        # one work item per query row: each score computed once, SDPA_CHUNK output columns per pass
+        batch, i = c[:-2], c[-2]
+        kb = _bc_coords(batch, out[:-2], k.shape[:-2])
+        vb = _bc_coords(batch, out[:-2], v.shape[:-2])
+        qb = _bc_coords(batch, out[:-2], q.shape[:-2])
+        j, t = L.fresh("j"), L.fresh("t")
+        end = f"(({i}) + 1 < {Skv} ? ({i}) + 1 : {Skv})" if causal else Skv
+        score = chunked_sum(L, "s", E, lambda e: f"({q.load([*qb, i, e])}) * ({k.load([*kb, j, e])})")
+        C = SDPA_CHUNK
+        vload = v.load([*vb, j, f"d0 + {t}"])
+        final = store([*c[:-1], f"d0 + {t}"], f"(m == -INFINITY ? 0.0f : o[{t}] / l)")
+        return (
+            f"for (kf_long d0 = 0; d0 < {Dv}; d0 += {C}) {{\n"
+            f"        const int nd = {Dv} - d0 < {C} ? (int)({Dv} - d0) : {C};\n"
+            f"        float o[{C}];\n        for (int {t} = 0; {t} < {C}; ++{t}) o[{t}] = 0.0f;\n"
+            f"        float m = -INFINITY, l = 0.0f;\n"
+            f"        for (kf_long {j} = 0; {j} < {end}; ++{j}) {{\n        {score}\n"
+            f"            s = s * {sc};\n"
+            f"            const float mn = {f('fmax')}(m, s);\n"
+            f"            const float corr = m == mn ? 1.0f : {f('exp')}(m - mn);\n"
+            f"            const float pj = s == -INFINITY ? 0.0f : {f('exp')}(s - mn);\n"
+            f"            l = l * corr + pj; m = mn;\n"
+            f"            for (int {t} = 0; {t} < nd; ++{t}) o[{t}] = o[{t}] * corr + pj * ({vload});\n"
+            f"        }}\n"
+            f"        for (int {t} = 0; {t} < nd; ++{t}) {final}\n    }}"
+        )
+
+    return L.emit_rows(out, f"S{n}", [len(out) - 1], rows, "sdpa_rows", node=node)
+
+
+#: Output columns of one SDPA pass (a private accumulator per column).
+SDPA_CHUNK = 64
 
 
 def _max_pair(L: Lowering, node: fx.Node) -> Val:
