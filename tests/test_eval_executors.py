@@ -115,3 +115,59 @@ def test_ray_executor_runs_sandboxed_jobs_on_a_local_cluster() -> None:
     assert [r.outcome for r in results] == [Outcome.correct, Outcome.runtime_error, Outcome.mismatch, Outcome.correct]
     assert "worker crashed" in results[1].message
     assert results[0].timing is not None and results[3].timing is not None
+
+
+def test_a_job_carrying_its_problem_text_needs_no_problem_file() -> None:
+    seed = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
+    job = EvalJob(
+        problem_path="/nonexistent-kfoundry-problems/vector_add.py",  # as on a worker without the driver's files
+        problem_source=(EXAMPLES / "kernelbench" / "vector_add.py").read_text(),
+        shapes={"N": 256},
+        candidate=Candidate(source=seed),
+        evaluation=fast_config(trials=1).evaluation,
+        backend_plugin="opencl",
+    )
+    result = LocalExecutor().run([job])[0]
+    assert result.outcome is Outcome.correct, result.message
+
+
+def test_local_executor_yields_results_as_they_finish() -> None:
+    config = fast_config(trials=2)
+    problem = str(EXAMPLES / "kernelbench" / "vector_add.py")
+    slow, fast = EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py", BAD / "compile_error.py"
+    jobs = [
+        EvalJob(problem_path=problem, shapes={"N": 512}, candidate=Candidate(source=p.read_text()),
+                evaluation=config.evaluation, backend_plugin="opencl")
+        for p in (slow, fast)
+    ]
+    order = [(i, r.outcome) for i, r in LocalExecutor(LocalOptions(workers=2)).run_iter(jobs)]
+    assert order == [(1, Outcome.compile_error), (0, Outcome.correct)]  # the quick verdict first
+
+
+def test_a_batch_stopped_by_its_caller_starts_no_more_jobs(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+    from kfoundry.plugins.executors import local
+
+    started: list[str] = []
+    real = local.run_sandboxed
+
+    def counted(job: EvalJob):  # noqa: ANN202
+        if job.timing_method == "standard":  # not a flagged kernel's second measurement
+            started.append(job.kind)
+        return real(job)
+
+    monkeypatch.setattr(local, "run_sandboxed", counted)
+    seed = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
+    candidates = [Candidate(source=seed.replace("BLOCK = PARAMS", f"X_{i} = {i}\nBLOCK = PARAMS")) for i in range(3)]
+    problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 256})
+
+    class Enough(Exception):
+        pass
+
+    def stop(i: int, record: object) -> None:
+        raise Enough
+
+    with Evaluator(problem, fast_config(tmp_path, trials=1), executor=LocalExecutor()) as ev, pytest.raises(Enough):
+        ev.evaluate_many(candidates, on_record=stop)
+    assert started == ["reference", "evaluate"]  # the other two candidates never started

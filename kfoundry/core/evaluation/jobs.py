@@ -15,6 +15,9 @@ class EvalJob(BaseModel):
 
     kind: Literal["evaluate", "reference"] = "evaluate"
     problem_path: str
+    #: The problem file's text, for a worker without the driver's file system: the judge writes it to
+    #: a private temporary file named like ``problem_path`` and judge and runner load that one.
+    problem_source: str | None = None
     shapes: dict[str, int | float] = Field(default_factory=dict)
     candidate: Candidate | None = None
     backend: str = "opencl"

@@ -31,7 +31,9 @@ import contextlib
 import fcntl
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -921,7 +923,25 @@ def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> fl
 
 
 def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
-    """Run one job: fork the runner, judge it, return the result (the sandbox calls this in a child)."""
+    """Run one job: fork the runner, judge it, return the result (the sandbox calls this in a child).
+
+    A job that carries its problem's text (``problem_source``) is run on a private copy of it.
+    """
+    if job.problem_source is None:
+        return _execute(job, runner_pid_file)
+    folder = tempfile.mkdtemp(prefix="kf-problem-")
+    try:
+        path = os.path.join(folder, os.path.basename(job.problem_path) or "problem.py")
+        with open(path, "w") as handle:
+            handle.write(job.problem_source)
+        os.chmod(path, 0o444)  # the runner reads it after it changed its uid (the confinement binds it)
+        os.chmod(folder, 0o755)
+        return _execute(job.model_copy(update={"problem_path": path, "problem_source": None}), runner_pid_file)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     start = _clock_ns()
     deadline = time.monotonic() + job.evaluation.timeout_s
     _strict_fp32()

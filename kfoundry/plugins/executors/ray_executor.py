@@ -1,12 +1,26 @@
 """The ``ray`` executor: jobs run as Ray tasks, each still inside the sandbox on the worker machine.
 
 Needs the optional extra (``pip install 'kfoundry[ray]'``); ray is imported only when this executor
-is built, and a missing ray is a one-line error. Jobs for GPU backends ask Ray for
-``gpus_per_job`` GPUs so at most one benchmark runs per device; compile-heavy work spreads over CPUs.
+is built, and a missing ray is a one-line error. See ``docs/distributed.md``.
+
+- Jobs carry the problem's source text (``EvalJob.problem_source``, read here on the driver), so the
+  workers need the installed package and nothing else: no shared file system, no checkout. (A native
+  ``.toml`` task names a reference file next to it: those jobs keep the path and need the files.)
+- Tasks ask for ``cpus_per_job`` CPUs, and for a GPU (``num_gpus``) when the backend is ``cuda``
+  (``gpus_per_job``, default 1 there, 0 elsewhere), so at most one benchmark runs per device.
+- No more tasks are in flight than the cluster has room for, so a task runs as soon as it is
+  submitted; one that has not answered ``task_timeout_s`` after submission is cancelled and is a
+  ``timeout``. Results come back as they finish (``ray.wait``); only the driver writes the store.
+- A task whose worker process or node dies (an infrastructure failure, never the candidate's compile
+  error or crash, which the sandbox turns into a result) is submitted again, at most ``max_retries``
+  times; the retries are written into the job's log and ``resources["ray_retries"]``.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +30,20 @@ from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation.executor import Executor
 from kfoundry.core.evaluation.jobs import EvalJob, JobResult
 from kfoundry.core.hookspecs import Register
+from kfoundry.core.models import Outcome
+
+#: Ray's exceptions that mean the machinery failed (retried), by class name.
+INFRASTRUCTURE = (
+    "WorkerCrashedError",
+    "NodeDiedError",
+    "ObjectLostError",
+    "OwnerDiedError",
+    "LocalRayletDiedError",
+    "RaySystemError",
+    "OutOfMemoryError",
+    "TaskUnschedulableError",
+    "ObjectFetchTimedOutError",
+)
 
 
 class RayOptions(BaseModel):
@@ -24,16 +52,44 @@ class RayOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(
-        default=None, description="Ray cluster address (None: start or join a local one)"
+        default=None,
+        description="Ray cluster address, e.g. 10.0.0.5:6379 (None: join a running local one or start one)",
     )
-    cpus_per_job: float = Field(default=1.0, gt=0)
-    gpus_per_job: float = Field(default=0.0, ge=0, description="GPUs each job reserves (1 for GPU backends)")
+    cpus_per_job: float = Field(default=1.0, gt=0, description="CPUs each task reserves")
+    gpus_per_job: float | None = Field(
+        default=None, ge=0, description="GPUs each task reserves (None: 1 for the cuda backend, else 0)"
+    )
+    task_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="a task not answered this long after submission is cancelled (timeout)",
+    )
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=20,
+        description="resubmissions of a task whose worker or node died (not its candidate)",
+    )
 
 
 def _sandboxed(job_json: str) -> str:
     from kfoundry.core.evaluation.sandbox import run_sandboxed
 
     return run_sandboxed(EvalJob.model_validate_json(job_json)).model_dump_json()
+
+
+def portable(job: EvalJob, texts: dict[str, str] | None = None) -> EvalJob:
+    """``job`` with its problem's text attached (KernelBench ``.py`` problems), so any machine can run
+    it; ``texts`` caches what was read (path -> text)."""
+    if job.problem_source is not None or not job.problem_path.endswith(".py"):
+        return job
+    texts = {} if texts is None else texts
+    if job.problem_path not in texts:
+        try:
+            texts[job.problem_path] = Path(job.problem_path).read_text()
+        except OSError as exc:
+            raise KfError(f"cannot read the problem {job.problem_path}: {exc.strerror}") from None
+    return job.model_copy(update={"problem_source": texts[job.problem_path]})
 
 
 class RayExecutor(Executor):
@@ -47,17 +103,109 @@ class RayExecutor(Executor):
             raise KfError("the ray executor needs Ray: pip install 'kfoundry[ray]'") from None
         self._ray: Any = ray
         if not ray.is_initialized():
-            ray.init(address=self.options.address, ignore_reinit_error=True, log_to_driver=False)
-        self._task = ray.remote(num_cpus=self.options.cpus_per_job, num_gpus=self.options.gpus_per_job)(
-            _sandboxed
-        )
+            try:
+                ray.init(address=self.options.address, ignore_reinit_error=True, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = self.options.address or "a local cluster"
+                raise KfError(
+                    f"executor.options.address: cannot join Ray at {where}: {exc}".splitlines()[0]
+                ) from None
+        self._task = ray.remote(max_retries=0)(_sandboxed)
+        self._texts: dict[str, str] = {}
 
     def run(self, jobs: list[EvalJob]) -> list[JobResult]:
-        refs = [self._task.remote(job.model_dump_json()) for job in jobs]
-        return [JobResult.model_validate_json(text) for text in self._ray.get(refs)]
+        results: list[JobResult | None] = [None] * len(jobs)
+        for i, result in self.run_iter(jobs):
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    def _room(self) -> int:
+        """Tasks the cluster can run at once (its CPUs over ``cpus_per_job``; at least one)."""
+        cpus = float(self._ray.cluster_resources().get("CPU", 1.0))
+        return max(1, int(cpus // self.options.cpus_per_job))
+
+    def _submit(self, job: EvalJob) -> Any:
+        gpus = self.options.gpus_per_job
+        if gpus is None:
+            gpus = 1.0 if job.backend == "cuda" else 0.0
+        task = self._task.options(num_cpus=self.options.cpus_per_job, num_gpus=gpus)
+        return task.remote(job.model_dump_json())
+
+    def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
+        ray, opts = self._ray, self.options
+        shipped = [portable(job, self._texts) for job in jobs]
+        queue = list(range(len(jobs)))
+        attempts = dict.fromkeys(queue, 0)
+        failures: dict[int, list[str]] = {i: [] for i in queue}
+        flying: dict[Any, tuple[int, float]] = {}
+        try:
+            while queue or flying:
+                room = self._room()
+                while queue and len(flying) < room:
+                    i = queue.pop(0)
+                    attempts[i] += 1
+                    flying[self._submit(shipped[i])] = (i, time.monotonic())
+                ready, _ = ray.wait(list(flying), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    i, _ = flying.pop(ref)
+                    result, why = self._collect(ref)
+                    if result is None and attempts[i] <= opts.max_retries:
+                        failures[i].append(why)
+                        queue.insert(0, i)  # again, on whichever node has room now
+                        continue
+                    if result is None:
+                        failures[i].append(why)
+                        result = JobResult(
+                            outcome=Outcome.runtime_error,
+                            message=(f"setup: the ray task failed {attempts[i]} times: {why}")[:500],
+                        )
+                    yield i, _noted(result, failures[i])
+                now = time.monotonic()
+                for ref, (i, since) in list(flying.items()):
+                    if now - since > opts.task_timeout_s:
+                        del flying[ref]
+                        ray.cancel(ref, force=True)
+                        yield (
+                            i,
+                            _noted(
+                                JobResult(
+                                    outcome=Outcome.timeout,
+                                    message=(
+                                        f"timed out: the ray task gave no answer in {opts.task_timeout_s:g} s (cancelled)"
+                                    ),
+                                ),
+                                failures[i],
+                            ),
+                        )
+        finally:  # the caller stopped early: nothing left running on the cluster for it
+            for ref in flying:
+                ray.cancel(ref, force=True)
+
+    def _collect(self, ref: Any) -> tuple[JobResult | None, str]:
+        """The task's result, or None and why when its worker or node died (to be retried)."""
+        try:
+            return JobResult.model_validate_json(self._ray.get(ref)), ""
+        except Exception as exc:  # noqa: BLE001 - sorted into infrastructure (retried) and the rest
+            name = type(exc).__name__
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            if any(kind in name for kind in INFRASTRUCTURE):
+                return None, f"{name}: {first}"
+            return JobResult(
+                outcome=Outcome.runtime_error, message=f"setup: the ray task raised {name}: {first}"
+            ), ""
 
     def close(self) -> None:
         """Leave the Ray runtime running for other users of this process."""
+
+
+def _noted(result: JobResult, failures: list[str]) -> JobResult:
+    """``result`` with the infrastructure failures that preceded it in its log and resources."""
+    if failures:
+        result.resources = {**result.resources, "ray_retries": len(failures)}
+        result.log = "\n".join(
+            [f"ray: attempt {n} failed: {why}" for n, why in enumerate(failures, 1)] + [result.log]
+        ).strip()
+    return result
 
 
 @hookimpl
