@@ -18,7 +18,9 @@ from kfoundry.core.llm.cost import LLMBudgetExhausted
 from kfoundry.core.loop import propose_together
 from kfoundry.core.models import DeviceProfile
 
-REFERENCE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, a, b):\n        return a + b\n"
+REFERENCE = (
+    "import torch\nclass Model(torch.nn.Module):\n    def forward(self, a, b):\n        return a + b\n"
+)
 
 
 def requests(n: int) -> list[GenerationRequest]:
@@ -60,9 +62,20 @@ def ensemble(srv: LLMServer, tmp: Any, concurrency: int, **budget: Any) -> Any:
     config = load_config(
         data={
             "output_dir": str(tmp),
-            "llms": [{"name": "openai", "model": "gpt-test", "options": {
-                "base_url": srv.openai_url, "api_key_env": "", "concurrency": concurrency, "max_retries": 0, "max_tokens": 400,
-                "price": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}}}],
+            "llms": [
+                {
+                    "name": "openai",
+                    "model": "gpt-test",
+                    "options": {
+                        "base_url": srv.openai_url,
+                        "api_key_env": "",
+                        "concurrency": concurrency,
+                        "max_retries": 0,
+                        "max_tokens": 400,
+                        "price": {"input_per_mtok": 1.0, "output_per_mtok": 4.0},
+                    },
+                }
+            ],
             "ensemble": {"novelty": False},
             "budget": budget,
         },
