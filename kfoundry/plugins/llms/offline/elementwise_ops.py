@@ -15,6 +15,12 @@ from kfoundry.core.generator import GeneratorUnsupported
 
 #: Math functions whose CUDA single-precision name adds an ``f``.
 _MATH = {
+    "log2",
+    "log10",
+    "exp2",
+    "floor",
+    "ceil",
+    "tan",
     "exp",
     "log",
     "tanh",
@@ -123,6 +129,18 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
             f"(1.0507009873554805f * (({a}) < 0.0f ? 1.6732632423543772f * {f('expm1')}({a}) : ({a})))"
         ),
         "clamp": lambda: _clamp(a, kw.get("lo", -math.inf), kw.get("hi", math.inf)),
+        "erf": lambda: f"{f('erf')}({a})",
+        "relu6": lambda: _clamp(a, 0.0, 6.0),
+        "logsigmoid": lambda: f"((({a}) < 0.0f ? ({a}) : 0.0f) - {f('log1p')}({f('exp')}(-{f('fabs')}({a}))))",
+        "reciprocal": lambda: f"(1.0f / ({a}))",
+        "log2": lambda: f"{f('log2')}({a})",
+        "log10": lambda: f"{f('log10')}({a})",
+        "exp2": lambda: f"{f('exp2')}({a})",
+        "expm1": lambda: f"{f('expm1')}({a})",
+        "log1p": lambda: f"{f('log1p')}({a})",
+        "floor": lambda: f"{f('floor')}({a})",
+        "ceil": lambda: f"{f('ceil')}({a})",
+        "tan": lambda: f"{f('tan')}({a})",
     }
     if name not in table:
         raise GeneratorUnsupported(f"offline generator: elementwise op {name!r} is not in the cookbook")
@@ -130,6 +148,18 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
 
 
 _FUNCS: dict[Any, str] = {
+    torch.erf: "erf",
+    F.relu6: "relu6",
+    F.logsigmoid: "logsigmoid",
+    torch.reciprocal: "reciprocal",
+    torch.log2: "log2",
+    torch.log10: "log10",
+    torch.exp2: "exp2",
+    torch.expm1: "expm1",
+    torch.log1p: "log1p",
+    torch.floor: "floor",
+    torch.ceil: "ceil",
+    torch.tan: "tan",
     torch.relu: "relu",
     F.relu: "relu",
     torch.sigmoid: "sigmoid",
@@ -162,6 +192,16 @@ _FUNCS: dict[Any, str] = {
     torch.clip: "clamp",
 }
 _METHODS = {
+    "erf",
+    "reciprocal",
+    "log2",
+    "log10",
+    "exp2",
+    "expm1",
+    "log1p",
+    "floor",
+    "ceil",
+    "tan",
     "relu",
     "sigmoid",
     "tanh",
@@ -177,6 +217,8 @@ _METHODS = {
     "clamp",
 }
 _MODULES: dict[type, str] = {
+    nn.ReLU6: "relu6",
+    nn.LogSigmoid: "logsigmoid",
     nn.ReLU: "relu",
     nn.Sigmoid: "sigmoid",
     nn.Tanh: "tanh",
@@ -242,6 +284,18 @@ def _kwargs(name: str, node: Any, module: Any = None) -> dict[str, Any]:
     return {}
 
 
+_COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!=", "greater": ">", "less": "<"}
+
+
+def _name_of(node: Any) -> str:
+    """The bare name of a call_function/call_method target (``gt`` for operator.gt, torch.gt, x.gt)."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function":
+        return str(getattr(node.target, "__name__", ""))
+    return ""
+
+
 def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> str | None:
     """The C expression of an elementwise fx node, or None if the node is not elementwise."""
     target = node.target
@@ -259,6 +313,19 @@ def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> s
                 "offline generator: add/div with alpha or rounding is not in the cookbook"
             )
         return f"({operand(a)} {_BINARY[target]} {operand(b)})"
+    elif _name_of(node) in _COMPARE and len(node.args) == 2:
+        return f"(({operand(node.args[0])}) {_COMPARE[_name_of(node)]} ({operand(node.args[1])}) ? 1.0f : 0.0f)"
+    elif _name_of(node) == "where" and len(node.args) == 3:
+        c, a, b = (operand(x) for x in node.args)
+        return f"(({c}) != 0.0f ? ({a}) : ({b}))"
+    elif _name_of(node) in ("maximum", "minimum", "max", "min", "fmax", "fmin") and len(node.args) == 2 and all(
+        hasattr(x, "op") or isinstance(x, int | float) for x in node.args
+    ) and any(hasattr(x, "op") for x in node.args[1:]):
+        a, b = operand(node.args[0]), operand(node.args[1])
+        cmp = ">" if _name_of(node) in ("maximum", "max", "fmax") else "<"
+        if _name_of(node).startswith("f"):  # fmax/fmin ignore a NaN operand
+            return f"({fn(_name_of(node), lang)}({a}, {b}))"
+        return f"((({a}) {cmp} ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))"  # NaN in either operand: NaN
     elif node.op == "call_method" and target in _BINARY_METHODS:
         return f"({operand(node.args[0])} {_BINARY_METHODS[target]} {operand(node.args[1])})"
     elif (node.op == "call_function" and target in (operator.pow, torch.pow)) or (

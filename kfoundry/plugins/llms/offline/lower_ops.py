@@ -694,11 +694,12 @@ def _reduction(L: Lowering, node: fx.Node) -> Val:
         d = _arg(node, 1, "dim")
         if isinstance(d, fx.Node):
             raise _unsupported("torch.max of two tensors")
-        if d is not None:
+        if d is not None and key in ("max", "min"):  # a (values, indices) pair; amax/amin give the values
             pending = _Pending(L, node, op)
             L.vals[node] = pending
             return pending  # type: ignore[return-value]  # a pair: its getitem picks a Val (Lowering.run keeps it)
-        return reduce(L, node, src, op, list(range(nd)), False)
+        if d is None:
+            return reduce(L, node, src, op, list(range(nd)), False)
     pos = 2 if op == "norm" else 1
     d = _arg(node, pos, "dim")
     keep = bool(_arg(node, pos + 1, "keepdim", False))
