@@ -123,6 +123,75 @@ def default_seeds(space: ParamSpace, params: Mapping[str, Any], more: Sequence[M
     return out
 
 
+def parallelism(evaluator: Any) -> int:
+    """Jobs the evaluator's executor runs at once (1 when it does not say)."""
+    return max(1, int(getattr(getattr(evaluator, "executor", None), "parallelism", 1)))
+
+
+class BatchingTuner(Tuner):
+    """Asks the wrapped tuner for up to ``size()`` configurations before their results are told, so
+    :class:`Prefetch` evaluates them as one batch; tells pass through. A tuner that repeats itself
+    while results are pending simply gets a smaller batch."""
+
+    def __init__(self, inner: Tuner, size: Callable[[], int]) -> None:
+        self.inner, self.size = inner, size
+        self.name = inner.name  # type: ignore[misc]
+        self.queue: list[Config] = []
+
+    def setup(self, space: ParamSpace, rng: Any) -> None:
+        super().setup(space, rng)
+        self.inner.setup(space, rng)
+
+    def ask(self) -> Config | None:
+        if not self.queue:
+            keys: set[Any] = set()
+            for _ in range(max(1, self.size())):
+                config = self.inner.ask()
+                if config is None:
+                    break
+                key = self.space.key(config) if all(n in config for n in self.space.names) else None
+                if key is not None and key in keys:
+                    break
+                keys.add(key)
+                self.queue.append(dict(config))
+        return self.queue.pop(0) if self.queue else None
+
+    def tell(self, config: Config, value: float | None) -> None:
+        self.inner.tell(config, value)
+
+
+class Prefetch:
+    """The objective's evaluations, a batch at a time: when a configuration is asked for, it and the
+    other configurations queued with it (seeds, or the batching tuner's queue) that are valid and not
+    evaluated yet go to ``evaluate_many`` together (at most ``size()``)."""
+
+    def __init__(self, evaluator: Any, candidate: Candidate, space: ParamSpace, size: Callable[[], int]) -> None:
+        self.evaluator, self.candidate, self.space, self.size = evaluator, candidate, space, size
+        self.done: dict[Any, EvalRecord] = {}
+
+    def _key(self, config: Config) -> Any:
+        return self.space.key(config) if all(n in config for n in self.space.names) else None
+
+    def record(self, config: Config, queued: Sequence[Config]) -> EvalRecord:
+        key = self._key(config)
+        if key in self.done:
+            return self.done.pop(key)
+        batch, keys = [config], {key}
+        for other in queued:
+            k = self._key(other)
+            if len(batch) >= self.size():
+                break
+            if k is not None and k not in keys and k not in self.done and self.space.is_valid(other):
+                batch.append(other)
+                keys.add(k)
+        many = getattr(self.evaluator, "evaluate_many", None)
+        cands = [self.candidate.with_params({**self.candidate.params, **c}) for c in batch]
+        records = many(cands) if many is not None and len(cands) > 1 else [self.evaluator.evaluate(c) for c in cands]
+        for c, r in zip(batch[1:], records[1:], strict=True):
+            self.done[self._key(c)] = r
+        return records[0]
+
+
 def tune_candidate(
     evaluator: EvaluatorLike,
     candidate: Candidate,
@@ -137,13 +206,15 @@ def tune_candidate(
     t4_path: str | Path | None = None,
     on_trial: Callable[[Trial, EvalRecord], None] | None = None,
     manager: PluginManager | None = None,
+    batch: int | None = None,
 ) -> TuningResult:
     """Tune ``candidate``'s template parameters with the configured tuner; returns the best found.
 
     The budget is ``evaluations`` (default ``tuner_config.evaluations``) unique configurations and
     ``wall_time_s``; neither is ever overrun. Seeds: the candidate's own parameter values, then
     ``seeds``. ``record_path`` appends every trial to a Kernel Tuner cache file; ``t4_path`` writes
-    the trials in T4 format at the end.
+    the trials in T4 format at the end. ``batch`` (default: what the evaluator's executor runs at
+    once) configurations are evaluated together: the seeds, then the tuner's asks ahead of its tells.
     """
     problem = evaluator.problem
     device = evaluator.device
@@ -155,14 +226,29 @@ def tune_candidate(
     space.size  # enumerate now: an empty or oversized space fails before anything is compiled  # noqa: B018
     params_in_force = problem.candidate_params(candidate) if hasattr(problem, "candidate_params") else candidate.params
     seed_configs = default_seeds(space, params_in_force, seeds)
-    tuner: Tuner = build_plugin(tuner_config, "tuner", manager)
     budget = Budget(evaluations=evaluations or tuner_config.evaluations, wall_time_s=wall_time_s)
     writer = _writer(record_path, space, device, problem, candidate)
     records: dict[int, EvalRecord] = {}
     tuning_id = secrets.token_hex(6)
+    width = batch or parallelism(evaluator)
+
+    def room() -> int:  # never evaluate ahead past the evaluation budget
+        left = (budget.evaluations - len(records)) if budget.evaluations is not None else width
+        return max(1, min(width, left))
+
+    tuner: Tuner = build_plugin(tuner_config, "tuner", manager)
+    if width > 1:
+        tuner = BatchingTuner(tuner, room)
+    prefetch = Prefetch(evaluator, candidate, space, room)
+    pending_seeds = [dict(c) for c in seed_configs]
 
     def objective(config: Config) -> Measurement:
-        record = evaluator.evaluate(candidate.with_params({**candidate.params, **config}))
+        if config in pending_seeds:
+            del pending_seeds[: pending_seeds.index(config) + 1]
+            queued: Sequence[Config] = pending_seeds
+        else:
+            queued = tuner.queue if isinstance(tuner, BatchingTuner) else []
+        record = prefetch.record(config, queued if width > 1 else [])
         records[len(records)] = record
         return measurement_of(record)
 

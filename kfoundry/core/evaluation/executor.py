@@ -25,6 +25,11 @@ class Executor(ABC):
     def run(self, jobs: list[EvalJob]) -> list[JobResult]:
         """Run every job in a sandbox; results in job order; never raise for one job's failure."""
 
+    @property
+    def parallelism(self) -> int:
+        """Jobs this executor runs at once (callers size their batches by it)."""
+        return 1
+
     def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
         """``(job index, result)`` pairs as jobs finish (default: all of :meth:`run`, in order)."""
         yield from enumerate(self.run(jobs))

@@ -44,6 +44,10 @@ class LocalExecutor(Executor):
     def __init__(self, options: LocalOptions | None = None) -> None:
         self.options = options or LocalOptions()
 
+    @property
+    def parallelism(self) -> int:
+        return self.options.workers
+
     def run(self, jobs: list[EvalJob]) -> list[JobResult]:
         results: list[JobResult | None] = [None] * len(jobs)
         for i, result in self.run_iter(jobs):

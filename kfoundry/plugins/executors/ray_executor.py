@@ -119,6 +119,10 @@ class RayExecutor(Executor):
             results[i] = result
         return [r for r in results if r is not None]
 
+    @property
+    def parallelism(self) -> int:
+        return self._room()
+
     def _room(self) -> int:
         """Tasks the cluster can run at once (its CPUs over ``cpus_per_job``; at least one)."""
         cpus = float(self._ray.cluster_resources().get("CPU", 1.0))
