@@ -32,6 +32,7 @@ KERNEL_HEADER = {
 #define KF_G __global
 #define KF_R restrict
 typedef long kf_long;
+typedef uchar kf_bool;
 #define KF_GID ((kf_long)get_global_id(0))
 #define KF_GSTRIDE ((kf_long)get_global_size(0))
 #define KF_LOCAL __local
@@ -46,6 +47,7 @@ typedef long kf_long;
 #define KF_G
 #define KF_R __restrict__
 typedef long long kf_long;
+typedef unsigned char kf_bool;
 #define KF_GID ((kf_long)blockIdx.x * blockDim.x + threadIdx.x)
 #define KF_GSTRIDE ((kf_long)gridDim.x * blockDim.x)
 #ifndef INFINITY
@@ -179,6 +181,8 @@ class PyVal:
 
     value: Any
     expr: str
+    #: C name of the float kernel argument carrying it (a number passed to ``forward``), else baked.
+    cname: str = ""
 
 
 @dataclass
@@ -226,6 +230,9 @@ class Lowering:
         #: node -> Val, PyVal, or a pending (values, indices) pair of torch.max/min (``lower_ops._Pending``)
         self.vals: dict[fx.Node, Any] = {}
         self.syms: dict[str, str] = {}  # python expr -> C name
+        self.fsyms: dict[str, str] = {}  # python expr -> C name of a float argument
+        self.n_placeholders = 0
+        self.has_dev = False
         self.ptrs: dict[str, tuple[str, str]] = {}  # C name -> (python expr, ctype)
         self.sched = Schedule()
         self.users: dict[fx.Node, list[fx.Node]] = {n: list(n.users) for n in gm.graph.nodes}
@@ -246,6 +253,12 @@ class Lowering:
         if py not in self.syms:
             self.syms[py] = f"z{len(self.syms)}"
         return self.syms[py]
+
+    def fsym(self, py: str) -> str:
+        """C name of the float kernel argument whose value ``forward`` computes as ``py``."""
+        if py not in self.fsyms:
+            self.fsyms[py] = f"f{len(self.fsyms)}"
+        return self.fsyms[py]
 
     def ptr(self, py: str, ctype: str = "float") -> str:
         for name, (expr, _) in self.ptrs.items():
@@ -284,9 +297,12 @@ class Lowering:
         args = [f"KF_G const {self.ptrs[p][1]}* KF_R {p}" for p in used_ptrs]
         args.append(f"KF_G {out_ctype}* KF_R y")
         args += [f"int {s}" for s in used_syms]
+        used_f = [(py, c) for py, c in self.fsyms.items() if re.search(rf"\b{c}\b", body)]
+        args += [f"float {c}" for _, c in used_f]
         src = f"KF_KERNEL {name}({', '.join(args)}) {{\n{body}\n}}\n"
         out = f"b{name.split('_')[0][1:]}"
         py_args = [self.ptrs[p][0] for p in used_ptrs] + [out] + [f"int({by_name[s]})" for s in used_syms]
+        py_args += [f"float({py})" for py, _ in used_f]
         dims = launch_dims or f"grid=_grid({work_py}, p['BLOCK']), block=(p['BLOCK'], 1, 1)"
         launch = f"self.prog.{name}({', '.join(py_args)}, {dims})"
         self.sched.kernels.append(Kernel(name, src, launch))
@@ -464,7 +480,7 @@ class Lowering:
                 return local[a]
             v = self.value(a)
             if isinstance(v, PyVal):
-                return lit(float(v.value))
+                return v.cname or lit(float(v.value))
             return self.broadcast_load(v, coords, out)
         if isinstance(a, bool) or not isinstance(a, int | float):
             raise GeneratorUnsupported(f"offline generator: operand {a!r} is not a number")
@@ -493,7 +509,6 @@ class Lowering:
         from kfoundry.plugins.llms.offline import lower_ops
 
         self.sched.n_inputs = n_inputs
-        self.fwd("dev = x0.device")
         for node in self.gm.graph.nodes:
             if node in self.fused_into or node in self.vals:
                 continue
@@ -502,16 +517,17 @@ class Lowering:
                 break
             n = self.order[node]
             if node.op == "placeholder":
-                i = len(
-                    [
-                        v
-                        for v in self.vals.values()
-                        if isinstance(v, Val) and v.buffer and v.buffer.startswith("x")
-                    ]
-                )
-                self.fwd(f"S{n} = tuple(x{i}.shape)")
+                i = self.n_placeholders
+                self.n_placeholders += 1
                 meta = node.meta.get("tensor_meta")
-                ctype = "long" if meta is not None and meta.dtype == torch.int64 else "float"
+                if meta is None or not hasattr(meta, "shape"):  # a Python number: a float kernel argument
+                    self.vals[node] = PyVal(None, f"x{i}", self.fsym(f"x{i}"))
+                    continue
+                if not self.has_dev:
+                    self.fwd(f"dev = x{i}.device")
+                    self.has_dev = True
+                self.fwd(f"S{n} = tuple(x{i}.shape)")
+                ctype = {torch.int64: "long", torch.bool: "kf_bool"}.get(meta.dtype, "float")
                 self.vals[node] = self.buffer_val(f"x{i}", _shape(node), f"S{n}", ctype)
                 continue
             if node.op == "get_attr":

@@ -987,6 +987,43 @@ def _matmul(L: Lowering, node: fx.Node) -> Val:
     return L.emit_pointwise(out, f"S{n}", body, "matmul", node=node)
 
 
+def _einsum(L: Lowering, node: fx.Node) -> Val:
+    """torch.einsum without ellipsis: one work item per output element, a chunked sum over the
+    contracted letters (any number of operands; a letter repeated in one operand takes its diagonal)."""
+    args = _args(node)
+    eq = str(args[0]).replace(" ", "")
+    nodes = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else args[1:]
+    if "." in eq:
+        raise _unsupported("einsum with an ellipsis")
+    ins, _, outs = eq.partition("->")
+    terms = ins.split(",")
+    if not _:
+        outs = "".join(sorted(ch for ch in set(ins.replace(",", "")) if ins.count(ch) == 1))
+    vals = [L.tensor(a) for a in nodes]
+    if len(terms) != len(vals) or any(len(t) != len(v.shape) for t, v in zip(terms, vals, strict=True)):
+        raise _unsupported(f"einsum {eq!r} with these operands")
+    where: dict[str, tuple[int, int]] = {}
+    for i, t in enumerate(terms):
+        for d, ch in enumerate(t):
+            where.setdefault(ch, (i, d))
+    n = L.order[node]
+    L.fwd(f"S{n} = (" + "".join(f"{vals[where[ch][0]].py_shape}[{where[ch][1]}], " for ch in outs) + ")")
+    out = _shape(node)
+    contracted = [ch for ch in where if ch not in outs]
+    csizes = [vals[where[ch][0]].dims[where[ch][1]] for ch in contracted]
+    count = " * ".join(f"(kf_long){d}" for d in csizes) or "1"
+
+    def body(c: list[str]) -> str:
+        def term(q: str) -> str:
+            at = dict(zip(outs, c, strict=True))
+            at.update(zip(contracted, unflat(q, csizes) if csizes else [], strict=True))
+            return " * ".join(f"({v.load([at[ch] for ch in t])})" for t, v in zip(terms, vals, strict=True))
+
+        return chunked_sum(L, "acc", count, term)
+
+    return L.emit_pointwise(out, f"S{n}", body, "einsum", node=node)
+
+
 def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(torch.broadcast_shapes(torch.Size(a), torch.Size(b)))
 
@@ -1506,6 +1543,7 @@ _ANCHOR_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
     "cumsum": _scan,
     "cumprod": _scan,
     "matmul": _matmul,
+    "einsum": _einsum,
     "mm": _matmul,
     "bmm": _matmul,
     "linear": _linear_fn,

@@ -154,9 +154,16 @@ class _Trace:
         if not isinstance(outs, fx.Node):
             raise GeneratorUnsupported("offline generator: the reference must return one tensor")
         self.out = outs
-        if any(not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.int64) for x in self.inputs):
-            raise GeneratorUnsupported("offline generator: the cookbook handles float32 (and int64 index) inputs only")
-        self.float_only = all(x.dtype == torch.float32 for x in self.inputs)
+        kinds = (torch.float32, torch.int64, torch.bool)
+        if any(
+            isinstance(x, bool) or not isinstance(x, torch.Tensor | int | float)
+            or (isinstance(x, torch.Tensor) and x.dtype not in kinds)
+            for x in self.inputs
+        ):
+            raise GeneratorUnsupported(
+                "offline generator: the cookbook handles float32 (int64 index, bool mask) tensors and numbers only"
+            )
+        self.float_only = all(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in self.inputs)
         self.modules = [
             m for m in self.model.modules() if m is not self.model and list(m.parameters(recurse=False))
         ]
@@ -236,7 +243,8 @@ def _graph(t: _Trace) -> OpSpec:
     from kfoundry.plugins.llms.offline.lower import Lowering
 
     Lowering(t.gm, "opencl", True).run(len(t.inputs))
-    return OpSpec(family="graph", input_shapes=[list(x.shape) for x in t.inputs], output_shape=t.shape(t.out),
+    shapes = [list(x.shape) if isinstance(x, torch.Tensor) else [] for x in t.inputs]
+    return OpSpec(family="graph", input_shapes=shapes, output_shape=t.shape(t.out),
                   graph=t.gm, source=t.source, dims={k: v for k, v in t.shapes.items() if isinstance(v, int)})
 
 

@@ -8,7 +8,7 @@ dim = 1
 
 
 class Model(nn.Module):
-    """Prefix sum of masked values."""
+    """Prefix sum of masked values (a boolean mask)."""
 
     def __init__(self, dim):
         super().__init__()
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.rand(batch_size, input_shape), torch.rand(batch_size, input_shape)]
+    return [torch.rand(batch_size, input_shape), torch.randint(0, 2, (batch_size, input_shape)).bool()]
 
 
 def get_init_inputs():
