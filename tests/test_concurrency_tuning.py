@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from eval_helpers import EXAMPLES, fast_config
 
 from kfoundry.core.commands.eval import read_candidate
@@ -15,6 +16,8 @@ from kfoundry.core.problem import load_problem
 from kfoundry.core.store import Store
 from kfoundry.core.tuning import tune_candidate
 from kfoundry.plugins.executors.local import LocalExecutor, LocalOptions
+
+pytestmark = pytest.mark.slow  # real compiles: tens of seconds here
 
 
 def test_tuner_batches_follow_the_executor_and_keep_the_budget(tmp_path: Path) -> None:

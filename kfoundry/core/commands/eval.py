@@ -125,6 +125,28 @@ def evaluate(
         store.close()
 
 
+def evaluate_all(
+    problem: str | Path,
+    candidates: list[str | Path],
+    config: RunConfig,
+    shapes: dict[str, int | float] | None = None,
+    params: dict[str, ParamValue] | None = None,
+) -> list[EvalRecord]:
+    """Judge several candidate files on ``problem`` as one batch (the executor runs them concurrently)."""
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+
+    _validate_plugins(config)
+    prob = load_problem(problem, dict(config.problem.shapes) | dict(shapes or {}))
+    cands = [read_candidate(c, params) for c in candidates]
+    store = Store(Path(config.output_dir) / "eval-cache.sqlite")
+    try:
+        with Evaluator(prob, config, store=store) as evaluator:
+            return evaluator.evaluate_many(cands)
+    finally:
+        store.close()
+
+
 @click.command(
     "eval",
     epilog="""\b
@@ -132,10 +154,12 @@ Examples:
   kf-run eval examples/kernelbench/softmax.py examples/kernelbench/seeds/softmax_opencl.py
   kf-run eval examples/kernelbench/matmul.py examples/kernelbench/improved/matmul_opencl.py --shape M=128 --json
   kf-run eval examples/native/vector_add.toml examples/native/vector_add.cl --params BLOCK=128
+  kf-run eval examples/kernelbench/softmax.py examples/kernelbench/seeds/softmax_opencl.py \
+      examples/kernelbench/improved/softmax_opencl.py --set executor.options.workers=2
 """,
 )
 @click.argument("problem")
-@click.argument("candidate")
+@click.argument("candidates", nargs=-1, required=True, metavar="CANDIDATE...")
 @click.option("--backend", help="Backend plugin (default: the config's, opencl).")
 @click.option("--device", help="Device index or name substring.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=VALUE", help="Override a problem shape constant.")
@@ -146,7 +170,7 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the evaluation record as JSON.")
 def command(
     problem: str,
-    candidate: str,
+    candidates: tuple[str, ...],
     backend: str | None,
     device: str | None,
     shapes: tuple[str, ...],
@@ -156,7 +180,10 @@ def command(
     no_cache: bool,
     as_json: bool,
 ) -> None:
-    """Evaluate CANDIDATE (a ModelNew .py, or a native kernel) on PROBLEM; exit 0 if correct, 1 if not."""
+    """Evaluate CANDIDATE (a ModelNew .py, or a native kernel) on PROBLEM; exit 0 if correct, 1 if not.
+
+    Several candidates are judged as one batch (``executor.options.workers`` at once); exit 0 if all
+    are correct."""
     sets = list(overrides)
     if backend:
         sets.append(f"backend.name={json.dumps(backend)}")
@@ -167,7 +194,16 @@ def command(
     from kfoundry.core.problem import parse_shape_overrides
 
     config = load_config(config_path, sets, validate_plugins=False)
-    record = evaluate(problem, candidate, config, parse_shape_overrides(shapes), parse_params(params))
+    if len(candidates) > 1:
+        records = evaluate_all(problem, list(candidates), config, parse_shape_overrides(shapes), parse_params(params))
+        if as_json:
+            click.echo("[" + ",\n".join(r.model_dump_json(indent=2) for r in records) + "]")
+        else:
+            for name, rec in zip(candidates, records, strict=True):
+                Console().rule(name)
+                render(rec, Console())
+        sys.exit(0 if all(r.is_correct for r in records) else 1)
+    record = evaluate(problem, candidates[0], config, parse_shape_overrides(shapes), parse_params(params))
     if as_json:
         click.echo(record.model_dump_json(indent=2))
     else:
