@@ -1428,6 +1428,53 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
     return _finish_loss(L, node, per, reduction)
 
 
+def _triplet(
+    L: Lowering, node: fx.Node, margin: float, p: float, eps: float, swap: bool, reduction: str
+) -> Val:
+    """max(d(a, p) - d(a, n) + margin, 0) with d the p-norm of the difference plus eps (pairwise_distance)."""
+    if swap or p != 2.0:
+        raise _unsupported("triplet margin loss with swap or p != 2")
+    a, pos, neg = (L.tensor(x) for x in _args(node)[:3])
+    if len(a.shape) != 2 or a.shape != pos.shape or a.shape != neg.shape:
+        raise _unsupported("triplet margin loss other than three (N, D) inputs")
+    n = L.order[node]
+    L.fwd(f"S{n}_per = ({a.py_shape}[0],)")
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    D = a.dims[1]
+    e = lit(eps)
+
+    def body(c: list[str]) -> str:
+        dp = lambda q: f"(({a.load([c[0], q])}) - ({pos.load([c[0], q])}) + {e})"  # noqa: E731
+        dn = lambda q: f"(({a.load([c[0], q])}) - ({neg.load([c[0], q])}) + {e})"  # noqa: E731
+        s = chunked_sum(L, "sp", D, lambda q: f"{dp(q)} * {dp(q)}") + "\n        "
+        s += chunked_sum(L, "sn", D, lambda q: f"{dn(q)} * {dn(q)}") + "\n        "
+        v = f"{f('sqrt')}(sp) - {f('sqrt')}(sn) + {lit(margin)}"
+        return s + f"float acc = ({v}) < 0.0f ? 0.0f : ({v});"
+
+    per = L.emit_pointwise((a.shape[0],), f"S{n}_per", body, "triplet")
+    return _finish_loss(L, node, per, reduction)
+
+
+def _triplet_fn(L: Lowering, node: fx.Node) -> Val:
+    kw = _kwargs(node)
+    return _triplet(
+        L,
+        node,
+        float(_arg(node, 3, "margin", 1.0)),
+        float(_arg(node, 4, "p", 2.0)),
+        float(_arg(node, 5, "eps", 1e-6)),
+        bool(_arg(node, 6, "swap", False)),
+        str(kw.get("reduction", "mean")),
+    )
+
+
+def _triplet_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    assert isinstance(mod, nn.TripletMarginLoss)
+    return _triplet(
+        L, node, float(mod.margin), float(mod.p), float(mod.eps), bool(mod.swap), str(mod.reduction)
+    )
+
+
 def _cosine(L: Lowering, node: fx.Node) -> Val:
     a, b = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     full = tuple(torch.broadcast_shapes(torch.Size(a.shape), torch.Size(b.shape)))
@@ -1563,6 +1610,7 @@ _ANCHOR_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
     "kl_div": _kl_div,
     "cross_entropy": _cross_entropy,
     "cosine_similarity": _cosine,
+    "triplet_margin_loss": _triplet_fn,
     "scaled_dot_product_attention": _sdpa,
 }
 
@@ -1601,6 +1649,7 @@ _MODULE_OPS: dict[str, Callable[[Lowering, fx.Node, nn.Module, str], Val]] = {
     **{f"AdaptiveAvgPool{d}d": _adaptive_mod for d in (1, 2, 3)},
     **{f"BatchNorm{d}d": _batch_norm for d in (1, 2, 3)},
     **{f"InstanceNorm{d}d": _batch_norm for d in (1, 2, 3)},
+    "TripletMarginLoss": _triplet_mod,
     "GroupNorm": _group_norm,
     "LayerNorm": _layer_norm_mod,
     "Softmax": _softmax_mod,
