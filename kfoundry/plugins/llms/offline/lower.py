@@ -232,6 +232,8 @@ class Lowering:
         self.syms: dict[str, str] = {}  # python expr -> C name
         self.fsyms: dict[str, str] = {}  # python expr -> C name of a float argument
         self.n_placeholders = 0
+        #: keyword arguments a module call stands for (a loss module's reduction, beta...)
+        self.module_kwargs: dict[fx.Node, dict[str, Any]] = {}
         self.has_dev = False
         self.ptrs: dict[str, tuple[str, str]] = {}  # C name -> (python expr, ctype)
         self.sched = Schedule()

@@ -1323,6 +1323,25 @@ def _finish_loss(L: Lowering, node: fx.Node, per: Val, reduction: str) -> Val:
     return reduce(L, node, per, "mean" if reduction == "mean" else "sum", every, False)
 
 
+def _loss_kw(L: Lowering, node: fx.Node) -> dict[str, Any]:
+    """A loss call's keyword arguments (a loss module's own settings where the node is a module call)."""
+    return {**_kwargs(node), **L.module_kwargs.get(node, {})}
+
+
+def _loss_mod(
+    fn_: Callable[[Lowering, fx.Node], Val], *names: str
+) -> Callable[[Lowering, fx.Node, nn.Module, str], Val]:
+    """A handler for a loss module: its attributes ``names`` as the functional form's keyword arguments."""
+
+    def handler(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+        if getattr(mod, "weight", None) is not None:
+            raise _unsupported(f"{type(mod).__name__} with class weights")
+        L.module_kwargs[node] = {k: getattr(mod, k) for k in names if hasattr(mod, k)}
+        return fn_(L, node)
+
+    return handler
+
+
 def _pointwise_loss(L: Lowering, node: fx.Node, expr: Callable[[str, str], str]) -> Val:
     a, b = L.tensor(_args(node)[0]), L.tensor(_args(node)[1])
     out = tuple(torch.broadcast_shapes(torch.Size(a.shape), torch.Size(b.shape)))
@@ -1330,9 +1349,9 @@ def _pointwise_loss(L: Lowering, node: fx.Node, expr: Callable[[str, str], str])
     L.fwd(f"E{n} = _bshape({a.py_shape}, {b.py_shape})")
     dims = L.shape_dims(f"E{n}", out)
     per = Val(out, dims, lambda c: expr(L.broadcast_load(a, c, out), L.broadcast_load(b, c, out)), f"E{n}")
-    if str(_kwargs(node).get("reduction", "mean")) == "none":
+    if str(_loss_kw(L, node).get("reduction", "mean")) == "none":
         return L.emit_pointwise(out, f"E{n}", lambda c: f"float acc = {per.load(c)};", "loss", node=node)
-    return _finish_loss(L, node, per, str(_kwargs(node).get("reduction", "mean")))
+    return _finish_loss(L, node, per, str(_loss_kw(L, node).get("reduction", "mean")))
 
 
 def _mse(L: Lowering, node: fx.Node) -> Val:
@@ -1344,7 +1363,7 @@ def _l1(L: Lowering, node: fx.Node) -> Val:
 
 
 def _smooth_l1(L: Lowering, node: fx.Node) -> Val:
-    beta = float(_kwargs(node).get("beta", 1.0))
+    beta = float(_loss_kw(L, node).get("beta", 1.0))
     f = lambda name: fn(name, L.lang)  # noqa: E731
     if beta == 0.0:
         return _l1(L, node)
@@ -1359,7 +1378,7 @@ def _smooth_l1(L: Lowering, node: fx.Node) -> Val:
 
 
 def _huber(L: Lowering, node: fx.Node) -> Val:
-    delta = float(_kwargs(node).get("delta", 1.0))
+    delta = float(_loss_kw(L, node).get("delta", 1.0))
     f = lambda name: fn(name, L.lang)  # noqa: E731
     return _pointwise_loss(
         L,
@@ -1372,7 +1391,7 @@ def _huber(L: Lowering, node: fx.Node) -> Val:
 
 
 def _kl_div(L: Lowering, node: fx.Node) -> Val:
-    if _kwargs(node).get("log_target"):
+    if _loss_kw(L, node).get("log_target"):
         return _pointwise_loss(L, node, lambda a, b: f"({fn('exp', L.lang)}({b}) * (({b}) - ({a})))")
     return _pointwise_loss(
         L,
@@ -1388,15 +1407,15 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
     if (
         t.ctype != "long"
         or len(x.shape) != 2
-        or _kwargs(node).get("weight") is not None
-        or float(_kwargs(node).get("label_smoothing", 0.0)) != 0.0
+        or _loss_kw(L, node).get("weight") is not None
+        or float(_loss_kw(L, node).get("label_smoothing", 0.0)) != 0.0
     ):
         raise _unsupported("cross-entropy other than (N, C) logits with integer targets")
     n = L.order[node]
     L.fwd(f"S{n}_per = ({x.py_shape}[0],)")
     f = lambda name: fn(name, L.lang)  # noqa: E731
     C = x.dims[1]
-    ign = int(_kwargs(node).get("ignore_index", -100))
+    ign = int(_loss_kw(L, node).get("ignore_index", -100))
 
     def body(c: list[str]) -> str:
         r = L.fresh("r")
@@ -1413,7 +1432,7 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
         )
 
     per = L.emit_pointwise((x.shape[0],), f"S{n}_per", body, "xent")
-    if str(_kwargs(node).get("reduction", "mean")) == "mean":  # torch: the mean over targets not ignored
+    if str(_loss_kw(L, node).get("reduction", "mean")) == "mean":  # torch: the mean over targets not ignored
         cnt = L.emit_pointwise(
             (),
             "()",
@@ -1424,7 +1443,7 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
         return L.emit_pointwise(
             (), f"S{n}", lambda c: f"float acc = {tot.load([])} / {cnt.load([])};", "xentmean", node=node
         )
-    reduction = str(_kwargs(node).get("reduction", "mean"))
+    reduction = str(_loss_kw(L, node).get("reduction", "mean"))
     return _finish_loss(L, node, per, reduction)
 
 
@@ -1456,7 +1475,7 @@ def _triplet(
 
 
 def _triplet_fn(L: Lowering, node: fx.Node) -> Val:
-    kw = _kwargs(node)
+    kw = _loss_kw(L, node)
     return _triplet(
         L,
         node,
@@ -1650,6 +1669,12 @@ _MODULE_OPS: dict[str, Callable[[Lowering, fx.Node, nn.Module, str], Val]] = {
     **{f"BatchNorm{d}d": _batch_norm for d in (1, 2, 3)},
     **{f"InstanceNorm{d}d": _batch_norm for d in (1, 2, 3)},
     "TripletMarginLoss": _triplet_mod,
+    "MSELoss": _loss_mod(_mse, "reduction"),
+    "L1Loss": _loss_mod(_l1, "reduction"),
+    "SmoothL1Loss": _loss_mod(_smooth_l1, "reduction", "beta"),
+    "HuberLoss": _loss_mod(_huber, "reduction", "delta"),
+    "KLDivLoss": _loss_mod(_kl_div, "reduction", "log_target"),
+    "CrossEntropyLoss": _loss_mod(_cross_entropy, "reduction", "ignore_index", "label_smoothing"),
     "GroupNorm": _group_norm,
     "LayerNorm": _layer_norm_mod,
     "Softmax": _softmax_mod,
