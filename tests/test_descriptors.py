@@ -170,3 +170,30 @@ def test_prompts_describe_the_target_cell_in_the_run_space() -> None:
     assert "- occupancy level 0: below 0.25 theoretical occupancy" in text
     static = request.model_copy(update={"extra": {}, "target_cell": (2, 0, 1)})
     assert "- memory level 2: local-memory tiling" in PromptBuilder().generation(static).user
+
+
+def test_the_opencl_compilers_report_reaches_the_record() -> None:
+    """pyopencl's work-group info and the program binary's size, from a real PoCL build, as record features."""
+    from kfoundry.plugins.backends.opencl import OpenCLBackend
+
+    backend = OpenCLBackend()
+    backend.select_device()
+    module = backend.load(TILED_CL.replace("TS", "8"))
+    report = module.resources["mm"]
+    # PoCL counts only __local kernel arguments here (0 for arrays declared in the kernel; clang's IR has them)
+    assert report["binary_bytes"] > 0 and report["local_mem_bytes"] is not None
+    record = EvalRecord(
+        candidate_hash="h",
+        eval_key="k",
+        problem="p",
+        backend="opencl",
+        device="d",
+        outcome=Outcome.correct,
+        resources=module.resources,
+    )
+    feats = measured_descriptors(record)
+    assert (
+        feats["binary_bytes"] == report["binary_bytes"]
+        and feats["local_mem_bytes"] == report["local_mem_bytes"]
+    )
+    assert "preferred_multiple" in feats and "private_mem_bytes" in feats

@@ -227,9 +227,13 @@ class OpenCLBackend(Backend):
         log = (program.get_build_info(dev, cl.program_build_info.LOG) or "").strip()
         kernels: dict[str, Any] = {}
         resources: dict[str, Any] = {}
+        try:  # the program binary's size (a statistic the behaviour descriptors report)
+            binary_bytes: int | None = int(sum(program.get_info(cl.program_info.BINARY_SIZES)))
+        except Exception:
+            binary_bytes = None
         for kname in (n for n in program.kernel_names.split(";") if n):
             kernel = cl.Kernel(program, kname)
-            resources[kname] = self._kernel_resources(kernel, dev)
+            resources[kname] = {**self._kernel_resources(kernel, dev), "binary_bytes": binary_bytes}
             kernels[kname] = _Launcher(self, kernel, kname, resources[kname]["max_work_group_size"])
         if not kernels:
             raise CompileFailed("OpenCL program defines no __kernel function", log=log)
