@@ -718,6 +718,29 @@ def _reduction(L: Lowering, node: fx.Node) -> Val:
     return reduce(L, node, src, op, _dims_list(d, nd), keep, p=pv, correction=corr)
 
 
+def _normalize(L: Lowering, node: fx.Node) -> Val:
+    """F.normalize: x / max(||x||_p over dim, eps), the norm a split-able reduction, the division a loader."""
+    src = L.tensor(_args(node)[0])
+    p = float(_arg(node, 1, "p", 2.0))
+    d = int(_arg(node, 2, "dim", 1)) % len(src.shape)
+    eps = float(_arg(node, 3, "eps", 1e-12))
+    norm = reduce(L, node, src, "norm", [d], True, p=p, epilogue=False, suffix="norm")
+    n = L.order[node]
+    L.fwd(f"S{n} = {src.py_shape}")
+
+    def body(c: list[str]) -> str:
+        nv = L.broadcast_load(norm, c, src.shape)
+        return f"float acc = ({src.load(c)}) / (({nv}) < {lit(eps)} ? {lit(eps)} : ({nv}));"
+
+    return L.emit_pointwise(src.shape, f"S{n}", body, "normalize", node=node)
+
+
+def _dropout_fn(L: Lowering, node: fx.Node) -> Val:
+    if float(_arg(node, 1, "p", 0.5)) > 0.0 and bool(_arg(node, 2, "training", True)):
+        raise _unsupported("dropout in training mode (random)")
+    return _identity(L, node)
+
+
 def _vector_norm(L: Lowering, node: fx.Node) -> Val:
     src = L.tensor(_args(node)[0])
     pv = _arg(node, 1, "ord", 2.0)
@@ -1604,6 +1627,8 @@ def _max_pair(L: Lowering, node: fx.Node) -> Val:
 _ANCHOR_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
     **{k: _reduction for k in _REDUCE_NAMES},
     "vector_norm": _vector_norm,
+    "normalize": _normalize,
+    "dropout": _dropout_fn,
     "softmax": _softmax_fn,
     "log_softmax": _softmax_fn,
     "cumsum": _scan,
