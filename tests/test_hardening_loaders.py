@@ -11,6 +11,7 @@ may not grow past a bound.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import re
 import resource
@@ -72,6 +73,8 @@ def rss_bound() -> Iterator[None]:
 
 def typed(fn: Callable[[], Any]) -> Any:
     """Run one example: a value or a one-line typed error, within MAX_SECONDS; anything else fails."""
+    collecting = gc.isenabled()
+    gc.disable()  # a collection of hypothesis's and earlier examples' garbage is not this loader's time
     start, cpu, peak = time.perf_counter(), time.process_time(), _peak_rss()
     try:
         return fn()
@@ -81,6 +84,8 @@ def typed(fn: Callable[[], Any]) -> Any:
         return exc
     finally:
         took, busy, grown = time.perf_counter() - start, time.process_time() - cpu, _peak_rss() - peak
+        if collecting:
+            gc.enable()
         assert busy <= MAX_SECONDS, f"example took {busy:.2f} s of CPU time"
         assert took <= MAX_WALL_SECONDS, f"example took {took:.2f} s"
         assert grown <= MAX_EXAMPLE_RSS, f"example raised the peak RSS by {grown >> 20} MiB"
