@@ -62,7 +62,9 @@ def proposals(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
 
 def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_path: Path) -> None:
     env = {**os.environ, "KF_E2E_KEY": KEY, "PYTHONPATH": str(ROOT)}
-    common = {"api_key_env": "KF_E2E_KEY", "max_retries": 3, "timeout": 3.0, "max_tokens": 2000,
+    # one call at a time: the order of calls around the cap, and so the replay's, is then exact
+    # (concurrent calls keep the cap too: tests/test_concurrency_llm.py)
+    common = {"api_key_env": "KF_E2E_KEY", "max_retries": 3, "timeout": 3.0, "max_tokens": 2000, "concurrency": 1,
               "price": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}}
     with LLMServer(key=KEY) as srv:
         srv.openai.responder = evolving_responder(0)

@@ -29,7 +29,7 @@ from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsup
 from kfoundry.core.llm.cost import CostLedger, LLMBudgetExhausted
 from kfoundry.core.llm.meta import MetaPrompter, PromptArchive
 from kfoundry.core.llm.novelty import NoveltyFilter
-from kfoundry.core.llm.provider import LLMProvider, ModelUnreachable
+from kfoundry.core.llm.provider import LLMProvider, ModelUnreachable, ProviderOptions
 from kfoundry.core.llm.recording import RECORDING_NAME, Recorder, SqlStore
 from kfoundry.core.models import Candidate, EvalRecord, Proposal
 from kfoundry.core.plugins import PluginManager, get_plugin_manager
@@ -126,11 +126,12 @@ class Ensemble(Generator):
 
     @property
     def concurrency(self) -> int:
-        """Requests worth sending at once: the members' concurrency limits added up (1 while any
-        member is not a language model, whose generator may not be thread-safe)."""
+        """Requests worth sending at once: the smallest member's concurrency limit (a request may go
+        to any member, in vote mode to all); 1 while any member is not a language model, whose
+        generator may not be thread-safe."""
         if not all(m.is_llm for m in self.members):
             return 1
-        return sum(int(getattr(m.generator, "concurrency", 1)) for m in self.members)
+        return min(int(getattr(m.generator, "concurrency", 1)) for m in self.members)
 
     def propose(self, request: GenerationRequest) -> list[Proposal]:
         """Proposals by the configured mode; none once the LLM budget is spent (see :attr:`stop_reason`)."""
@@ -494,7 +495,13 @@ def replay_config(
                     "name": "replay",
                     "model": choice.model,
                     "weight": choice.weight,
-                    "options": {"recording": str(recording), "member": name, "on_miss": on_miss},
+                    "options": {
+                        "recording": str(recording), "member": name, "on_miss": on_miss,
+                        # requests split and sent as in the recorded run, so they have the same keys
+                        "concurrency": dict(choice.options).get(
+                            "concurrency", ProviderOptions.model_fields["concurrency"].default
+                        ),
+                    },
                 }
             )
         else:
