@@ -101,7 +101,7 @@ def per_minute(executor: str, workers: int, n: int) -> tuple[float, int]:
     if executor == "ray":
         import ray
 
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False)
     try:
         with (
             tempfile.TemporaryDirectory() as out,
