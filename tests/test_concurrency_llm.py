@@ -38,6 +38,7 @@ class InFlight:
 
     def __init__(self, srv: LLMServer, provider: Any, delay: float) -> None:
         self.now, self.peak, self.i, self.lock = 0, 0, 0, threading.Lock()
+        self.arrivals: list[float] = []
         srv.openai.responder = self.respond
         self.delay, inner = delay, provider._complete
 
@@ -54,6 +55,7 @@ class InFlight:
         provider._complete = counted
 
     def respond(self, body: dict[str, Any]) -> Action:
+        self.arrivals.append(time.monotonic())
         self.i += 1  # called under the server's lock
         return Slow(self.delay, Reply(fenced(vecadd(block=64, work=self.i))))
 
@@ -122,3 +124,64 @@ def test_caps_are_never_exceeded_with_concurrent_calls(tmp_path: Any, cap: dict[
     else:
         assert ledger.total.cost_usd <= cap["llm_cost_usd"] + 1e-12 and true_cost <= cap["llm_cost_usd"]
     assert ledger.remaining_tokens() in (None, cap.get("llm_tokens", 0) - ledger.total.tokens)  # all settled
+
+
+@pytest.mark.slow
+def test_kf_run_sends_a_generations_requests_together(tmp_path: Any) -> None:
+    """The whole loop: seeds and proposals go out concurrently, every proposal is evaluated and stored."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+
+    import tomli_w
+    from eval_helpers import EXAMPLES
+
+    with LLMServer() as srv:
+        gen = ensemble(srv, tmp_path, concurrency=4)  # for the responder's call counter only
+        responder = InFlight(srv, gen.members[0].generator, 0.5)
+        cfg = {
+            "output_dir": str(tmp_path / "runs"),
+            "llms": [
+                {
+                    "name": "openai",
+                    "model": "gpt-test",
+                    "options": {
+                        "base_url": srv.openai_url,
+                        "api_key_env": "",
+                        "concurrency": 4,
+                        "max_tokens": 1000,
+                    },
+                }
+            ],
+            "tuner": {"every": -1},
+            "budget": {"generations": 2, "proposals_per_generation": 3},
+            "evaluation": {
+                "trials": 1,
+                "warmup_s": 0.0,
+                "min_repeats": 3,
+                "max_repeats": 5,
+                "target_time_s": 0.005,
+                "rotate_bytes": 0,
+                "correctness_budget_s": 0.0,
+            },
+        }
+        path = tmp_path / "run.toml"
+        path.write_bytes(tomli_w.dumps(cfg).encode())
+        code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
+        args = [str(EXAMPLES / "kernelbench" / "vector_add.py"), "--config", str(path), "--shape", "N=1024"]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900
+        )
+        served = len(srv.served)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert responder.i == served >= 4  # seeds and proposals, all through the server
+    gaps = [b - a for a, b in zip(responder.arrivals, responder.arrivals[1:], strict=False)]
+    assert min(gaps) < 0.25  # a request arrived while another was still held (0.5 s): they overlapped
+    [db_path] = list((tmp_path / "runs").glob("*/kfoundry.db"))
+    db = sqlite3.connect(db_path)
+    rows = db.execute("SELECT generation, record FROM loop_proposals").fetchall()
+    assert {g for g, _ in rows} == {0, 1} and all(r for _, r in rows)
+    assert all(json.loads(r)["outcome"] for _, r in rows)
+    calls = db.execute("SELECT COUNT(*) FROM llm_calls WHERE error_kind IS NULL").fetchone()[0]
+    assert calls == served

@@ -219,14 +219,15 @@ class ShapeSetEvaluator:
 
 
 def propose_together(
-    generator: Generator, requests: list[GenerationRequest], limit: int
+    generator: Generator, requests: list[GenerationRequest], limit: int, *, seeds: bool = False
 ) -> list[list[Proposal] | KfError]:
-    """``generator.propose`` for every request, ``limit`` at a time (threads: the calls wait on the
-    network); per request its proposals or the :class:`KfError` it raised, in request order."""
+    """``generator.propose`` (``seeds``: ``generator.seeds``) for every request, ``limit`` at a time
+    (threads: the calls wait on the network); per request its proposals or the :class:`KfError` it
+    raised, in request order."""
 
     def one(request: GenerationRequest) -> list[Proposal] | KfError:
         try:
-            return generator.propose(request)
+            return generator.seeds(request) if seeds else generator.propose(request)
         except KfError as exc:
             return exc
 
@@ -446,10 +447,12 @@ class OptimizeLoop:
         """Generator requests sent at once (the generator's own limit; 1 for non-LLM generators)."""
         return max(1, int(getattr(self.generator, "concurrency", 1)))
 
-    def _propose_concurrently(self, requests: list[tuple[SearchAsk, GenerationRequest]]) -> list[tuple[SearchAsk, Proposal]]:
+    def _propose_concurrently(
+        self, requests: list[tuple[SearchAsk, GenerationRequest]], seeds: bool = False
+    ) -> list[tuple[SearchAsk, Proposal]]:
         """A generation's requests sent together (the providers cap calls in flight); proposals in
         request order. A spent LLM budget keeps what the other requests brought back."""
-        answers = propose_together(self.generator, [r for _, r in requests], self._concurrency)
+        answers = propose_together(self.generator, [r for _, r in requests], self._concurrency, seeds=seeds)
         pairs = [(ask, p) for (ask, _), got in zip(requests, answers, strict=True) if isinstance(got, list) for p in got]
         errors = [e for e in answers if isinstance(e, KfError)]
         fatal = [e for e in errors if type(e).__name__ != "LLMBudgetExhausted"]
@@ -470,10 +473,7 @@ class OptimizeLoop:
         request = self._request(ask, 0, 0, avoid).model_copy(update={"n": self.initial_proposals or seed_count(self.config)})
         if self._concurrency > 1 and request.n > 1:  # one request per seed, sent together
             each = [request.model_copy(update={"n": 1, "extra": {**request.extra, "index": i}}) for i in range(request.n)]
-            with ThreadPoolExecutor(max_workers=min(len(each), self._concurrency)) as pool:
-                for got in pool.map(self.generator.seeds, each):
-                    pairs += [(ask, p) for p in got]
-            return pairs
+            return pairs + self._propose_concurrently([(ask, r) for r in each], seeds=True)
         pairs += [(ask, p) for p in self.generator.seeds(request)]
         return pairs
 
