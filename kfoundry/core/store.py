@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import sqlite3
@@ -50,6 +51,19 @@ _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS reference_timings (
         key TEXT PRIMARY KEY, created_at TEXT NOT NULL, timing TEXT NOT NULL)""",
 ]
+
+
+@functools.cache
+def _core_columns() -> dict[str, set[str]]:
+    """The columns of each core table, as the schema above creates them."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for ddl in _SCHEMA:
+            conn.execute(ddl)
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: {r[1] for r in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
+    finally:
+        conn.close()
 
 
 class StoreError(KfError):
@@ -197,6 +211,13 @@ class Store:
                     raise StoreError(
                         f"store {self.path} has schema {row[0]}, newer than this kfoundry ({SCHEMA_VERSION})"
                     )
+                for table, columns in _core_columns().items():
+                    have = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+                    if not columns <= have:
+                        lacking = ", ".join(sorted(columns - have))
+                        raise StoreError(
+                            f"store {self.path} is damaged: table {table} lacks column(s) {lacking}"
+                        )
         except sqlite3.OperationalError as exc:
             raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
         except sqlite3.DatabaseError as exc:

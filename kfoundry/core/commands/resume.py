@@ -48,6 +48,13 @@ def check_resumable(folder: Path, run_id: str, start_over: bool = False) -> None
 
 def verify_rows(store: Store, run_id: str) -> None:
     """Every stored row of ``run_id`` reads back as its model (one :class:`StoreError` line otherwise)."""
+    try:
+        _verify_rows(store, run_id)
+    except (IndexError, KeyError) as exc:  # a damaged schema: a table without a column the loop reads
+        raise StoreError(f"store {store.path} is damaged: a loop table lacks column {exc}") from None
+
+
+def _verify_rows(store: Store, run_id: str) -> None:
     store.list_candidates(run_id)
     store.evaluations(run_id=run_id)
     tables = {r["name"] for r in store.query("SELECT name FROM sqlite_master WHERE type='table'")}
