@@ -7,11 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).parents[1]
 
-pytestmark = pytest.mark.slow
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

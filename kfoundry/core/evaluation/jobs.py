@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -47,3 +49,19 @@ class JobResult(BaseModel):
     #: The sandbox protections and whether each was in force for this job's runner.
     sandbox: dict[str, bool] = Field(default_factory=dict)
     sandbox_notes: list[str] = Field(default_factory=list)
+
+
+def describe_exit(status: int | None, vanished: str, unfinished: str = "") -> str:
+    """How a child process ended, in words (``vanished`` when its status is unknown)."""
+    if status is None:
+        return vanished
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        # the memory limit is an address-space rlimit (a MemoryError, not a signal): SIGKILL comes from
+        # the kernel's out-of-memory killer or from outside the sandbox, and nothing here tells which
+        return f"killed by {name}" + (" (out of memory, or killed from outside the sandbox)" if sig == signal.SIGKILL else "")
+    return f"exited with status {os.WEXITSTATUS(status)}{unfinished}"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kfoundry.core.evaluation.jobs import EvalJob, JobResult
+from kfoundry.core.evaluation.jobs import EvalJob, JobResult, describe_exit
 from kfoundry.core.models import Outcome
 
 LOG_TAIL = 4000
@@ -148,19 +148,6 @@ def _tail(path: str) -> str:
         return ""
 
 
-def _describe(status: int | None) -> str:
-    if status is None:
-        return "the sandbox server died"
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return f"killed by {name}" + (" (likely out of memory)" if sig == signal.SIGKILL else "")
-    return f"exited with status {os.WEXITSTATUS(status)} without a result"
-
-
 def _kill(pid: int | None) -> None:
     if pid is None:
         return
@@ -205,7 +192,7 @@ def run_sandboxed(job: EvalJob) -> JobResult:
         elif os.path.exists(result_path):
             result = JobResult.model_validate_json(Path(result_path).read_text())
         else:
-            result = JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {_describe(waiter.status)}")
+            result = JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {describe_exit(waiter.status, 'the sandbox server died', ' without a result')}")
         output = _tail(log_path)
         if output:
             result.log = (result.log + "\n--- worker output ---\n" + output).strip()

@@ -45,7 +45,7 @@ from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation import confine, device_share, extensions, procmem
 from kfoundry.core.evaluation.arena import ARENA_NAME, DTYPES, Arena, view_of
 from kfoundry.core.evaluation.channel import Channel, ChannelClosed, ChannelTimeout, channel_pair
-from kfoundry.core.evaluation.jobs import EvalJob, JobResult
+from kfoundry.core.evaluation.jobs import EvalJob, JobResult, describe_exit
 from kfoundry.core.evaluation.timer import _clock_ns, summarize
 from kfoundry.core.evaluation.tolerance import float64_reference
 from kfoundry.core.evaluation.trials import TrialPlan, TrialSpec, domain_reason, plan_trials, transform_inputs
@@ -77,19 +77,6 @@ def _clone(values: list[Any]) -> list[Any]:
 
 def _nbytes(values: list[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
-
-
-def _describe_status(status: int | None) -> str:
-    if status is None:
-        return "the runner vanished"
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return f"killed by {name}"
-    return f"exited with status {os.WEXITSTATUS(status)}"
 
 
 @contextlib.contextmanager
@@ -176,7 +163,7 @@ class RunnerHandle:
 
     def crashed(self) -> JobResult:
         self.kill()
-        return JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {_describe_status(self.status)}")
+        return JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {describe_exit(self.status, 'the runner vanished')}")
 
     def kill(self) -> None:
         if self.status is not None:
