@@ -368,16 +368,10 @@ class Judge:
             if not isinstance(ref, torch.Tensor):
                 outs.append(None)
                 continue
-            if not isinstance(d, list) or not d or d[0] != "tensor" or len(d) != 6:
-                kind = d[1] if isinstance(d, list) and len(d) > 1 else "value"
-                return Verdict(Outcome.rejected, f"output {i} is a {kind}, not a plain torch.Tensor")
-            _, address, dtype, shape, stride, _device = d
-            if dtype not in DTYPES or not _ints(shape) or not _ints(stride) or not isinstance(address, int):
-                return Verdict(Outcome.rejected, f"output {i}: malformed description")
-            if list(shape) != list(ref.shape):
-                return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(shape)}, expected {list(ref.shape)}")
-            if DTYPES[dtype] != ref.dtype:
-                return Verdict(Outcome.mismatch, f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}")
+            checked = _described(i, d, ref)
+            if isinstance(checked, Verdict):
+                return checked
+            address, shape, stride, _where = checked
             expected_device = torch.device(self.device)
             if torch.device(dev_d[-1]).type != expected_device.type:
                 return Verdict(Outcome.mismatch, f"output {i} is on {dev_d[-1]}, expected {self.device}")
@@ -386,8 +380,6 @@ class Judge:
             if numel == 0:
                 outs.append(torch.empty(ref.shape, dtype=ref.dtype, device=self.device))
                 continue
-            if any(s < 0 for s in stride):
-                return Verdict(Outcome.rejected, f"output {i} has negative strides")
             span = (sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1) * itemsize
             if span > numel * itemsize + _SPAN_SLACK:
                 return Verdict(Outcome.rejected, f"output {i} spans {span} bytes for {numel} elements")
@@ -414,23 +406,15 @@ class Judge:
             if not isinstance(ref, torch.Tensor):
                 outs.append(None)
                 continue
-            if not isinstance(d, list) or not d or d[0] != "tensor" or len(d) != 6:
-                kind = d[1] if isinstance(d, list) and len(d) > 1 else "value"
-                return Verdict(Outcome.rejected, f"output {i} is a {kind}, not a plain torch.Tensor")
-            _, _address, dtype, shape, stride, where = d
-            if dtype not in DTYPES or not _ints(shape) or not _ints(stride):
-                return Verdict(Outcome.rejected, f"output {i}: malformed description")
-            if list(shape) != list(ref.shape):
-                return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(shape)}, expected {list(ref.shape)}")
-            if DTYPES[dtype] != ref.dtype:
-                return Verdict(Outcome.mismatch, f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}")
+            checked = _described(i, d, ref)
+            if isinstance(checked, Verdict):
+                return checked
+            _address, shape, stride, where = checked
             if not str(where).startswith("cuda"):
                 return Verdict(Outcome.mismatch, f"output {i} is on {where}, expected {self.device}")
             if ref.numel() == 0:
                 outs.append(torch.empty(ref.shape, dtype=ref.dtype, device=self.device))
                 continue
-            if any(st < 0 for st in stride):
-                return Verdict(Outcome.rejected, f"output {i} has negative strides")
             if share is None:
                 return Verdict(Outcome.rejected, (f"output {i} is not in a device allocation of the candidate's own "
                                                   "(an input's memory, or memory that cannot be shared)"))
@@ -474,6 +458,24 @@ class Judge:
         ev = self.job.evaluation
         verdict = check_outputs(outs, refs, ref64, ev.atol, ev.rtol)
         return outs, verdict
+
+
+def _described(i: int, d: Any, ref: torch.Tensor) -> Verdict | tuple[int, list[int], list[int], str]:
+    """The runner's description of output ``i`` checked against the reference's:
+    ``(address, shape, stride, device)``, or the Verdict that it fails."""
+    if not isinstance(d, list) or not d or d[0] != "tensor" or len(d) != 6:
+        kind = d[1] if isinstance(d, list) and len(d) > 1 else "value"
+        return Verdict(Outcome.rejected, f"output {i} is a {kind}, not a plain torch.Tensor")
+    _, address, dtype, shape, stride, where = d
+    if dtype not in DTYPES or not _ints(shape) or not _ints(stride) or not isinstance(address, int):
+        return Verdict(Outcome.rejected, f"output {i}: malformed description")
+    if list(shape) != list(ref.shape):
+        return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(shape)}, expected {list(ref.shape)}")
+    if DTYPES[dtype] != ref.dtype:
+        return Verdict(Outcome.mismatch, f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}")
+    if ref.numel() and any(st < 0 for st in stride):
+        return Verdict(Outcome.rejected, f"output {i} has negative strides")
+    return address, list(shape), list(stride), str(where)
 
 
 def _ints(values: Any) -> bool:
