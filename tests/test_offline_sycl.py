@@ -95,6 +95,7 @@ def sycl_ready() -> Iterator[None]:
     yield
 
 
+@pytest.mark.slow  # ~80 s: run by .ci/run after the default tier
 @pytest.mark.parametrize("stem", ["softmax", "vector_add"])
 def test_every_sycl_recipe_is_judged_correct(sycl_ready: None, stem: str, tmp_path: Path) -> None:
     problem = load_problem(KB / f"{stem}.py", SMALL_SHAPES[stem])
@@ -107,6 +108,7 @@ def test_every_sycl_recipe_is_judged_correct(sycl_ready: None, stem: str, tmp_pa
         assert rec.outcome is Outcome.correct, f"{recipe.name}: {rec.message}\n{rec.log}"
 
 
+@pytest.mark.slow  # ~70 s: run by .ci/run after the default tier
 def test_kf_run_loop_on_sycl_finds_a_correct_kernel(sycl_ready: None, tmp_path: Path) -> None:
     shapes = SMALL_SHAPES["softmax"]
     sets = [

@@ -51,7 +51,13 @@ def _candidates(name: str) -> list[Candidate]:
     return out + [r.candidate() for r in recipes if r.rank in ranks]
 
 
-@pytest.mark.parametrize("name", sorted(SMALL_SHAPES))
+#: Problems checked in the default run; the others (about 3 minutes) are slow-marked and run by .ci/run.
+DEFAULT_SHAPE_GENERIC = {"vector_add", "matmul"}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in DEFAULT_SHAPE_GENERIC else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SMALL_SHAPES)]
+)
 def test_seeds_and_recipes_are_correct_at_tiny_and_ragged_shapes(name: str, tmp_path: Path) -> None:
     candidates = _candidates(name)
     for variant, sizes in [("default", {}), *VARIANTS[name].items()]:
