@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from kfoundry import hookimpl
 from kfoundry.core import hooks, hookspecs
+from kfoundry.core.config import RunConfig, load_config
 from kfoundry.core.models import Candidate, EvalRecord, Outcome
+from kfoundry.core.payloads import GenerationSummary, RunSummary, resolved_run_config
 from kfoundry.core.plugins import REGISTRATION_HOOKS
 
 ROOT = Path(__file__).parents[1]
@@ -59,16 +61,18 @@ class _Recorder:
         self.calls.append(("kf_candidate_evaluated", {"outcome": record.outcome}))
 
     @hookimpl
-    def kf_generation_finished(self, run_id: str, generation: int, summary: dict[str, Any]) -> None:
-        self.calls.append(("kf_generation_finished", {"generation": generation, **summary}))
+    def kf_generation_finished(self, run_id: str, generation: int, summary: GenerationSummary) -> None:
+        self.calls.append(("kf_generation_finished", {"generation": generation, "summary": summary}))
+        summary.extra["recorder"] = generation
 
     @hookimpl
-    def kf_run_started(self, run_id: str, config: dict[str, Any]) -> None:
-        self.calls.append(("kf_run_started", {"run_id": run_id}))
+    def kf_run_started(self, run_id: str, config: RunConfig) -> None:
+        self.calls.append(("kf_run_started", {"run_id": run_id, "config": config}))
 
     @hookimpl
-    def kf_run_finished(self, run_id: str, summary: dict[str, Any]) -> None:
-        self.calls.append(("kf_run_finished", {"run_id": run_id, **summary}))
+    def kf_run_finished(self, run_id: str, summary: RunSummary) -> None:
+        self.calls.append(("kf_run_finished", {"run_id": run_id, "summary": summary}))
+        summary.extra["recorder"] = "seen"
 
 
 def test_lifecycle_wrappers_reach_plugins(kf_register_plugin) -> None:  # type: ignore[no-untyped-def]
@@ -83,16 +87,38 @@ def test_lifecycle_wrappers_reach_plugins(kf_register_plugin) -> None:  # type: 
         device="cpu", outcome=Outcome.correct, speedup=1.5,
     )
     hooks.candidate_evaluated(good, record, manager)
-    hooks.run_started("run-1", {"seed": 0}, manager)
-    hooks.generation_finished("run-1", 3, {"best_speedup": 2.0}, manager)
-    hooks.run_finished("run-1", {"best_speedup": 2.0}, manager)
+    config = resolved_run_config(load_config(overrides=["seed=3"]), manager)
+    hooks.run_started("run-1", config, manager)
+    generation = hooks.generation_finished(
+        "run-1", 3, GenerationSummary(evaluations=12, best_speedup=2.0, coverage=0.25), manager
+    )
+    summary = RunSummary(run_id="run-1", run_dir="kf-runs/run-1", stop_reason="budget", generations=4,
+                         evaluations=12, best_speedup=2.0)
+    assert hooks.run_finished("run-1", summary, manager) is summary
     names = [name for name, _ in recorder.calls]
     assert names == [
         "kf_static_checks", "kf_static_checks", "kf_candidate_evaluated",
         "kf_run_started", "kf_generation_finished", "kf_run_finished",
     ]
     assert recorder.calls[2][1]["outcome"] is Outcome.correct
-    assert recorder.calls[4][1] == {"generation": 3, "best_speedup": 2.0}
+    started = recorder.calls[3][1]["config"]
+    assert isinstance(started, RunConfig) and started.seed == 3
+    assert started.search.options, "the resolved config carries the plugins' option defaults"
+    assert recorder.calls[4][1]["generation"] == 3 and generation.best_speedup == 2.0
+    assert generation.extra == {"recorder": 3} and summary.extra == {"recorder": "seen"}
+
+
+def test_lifecycle_wrappers_validate_plain_data(kf_register_plugin) -> None:  # type: ignore[no-untyped-def]
+    recorder = _Recorder()
+    manager = kf_register_plugin(recorder, name="recorder")
+    hooks.run_started("run-1", {"seed": 5}, manager)
+    got = hooks.generation_finished("run-1", 0, {"evaluations": 4, "best_speedup": None, "coverage": 0.0}, manager)
+    assert isinstance(recorder.calls[0][1]["config"], RunConfig) and recorder.calls[0][1]["config"].seed == 5
+    assert isinstance(got, GenerationSummary) and got.evaluations == 4
+    with pytest.raises(ValidationError, match="coverage"):
+        hooks.generation_finished("run-1", 0, {"evaluations": 4, "coverage": 3.0}, manager)
+    with pytest.raises(ValidationError, match="stop_reason"):
+        hooks.run_finished("run-1", {"run_id": "run-1", "run_dir": "d", "generations": 1, "evaluations": 1}, manager)
 
 
 class _Opts(BaseModel):
@@ -127,6 +153,10 @@ class _RegistersEverything:
     @hookimpl
     def kf_register_descriptors(self, register):  # type: ignore[no-untyped-def]
         register("t-descriptor", lambda o: ("descriptor", o.level), options=_Opts)
+
+    @hookimpl
+    def kf_register_languages(self, register):  # type: ignore[no-untyped-def]
+        register("t-language", lambda o: ("language", o.level), options=_Opts)
 
 
 def test_every_registration_hook_registers_and_builds(kf_register_plugin) -> None:  # type: ignore[no-untyped-def]

@@ -26,7 +26,7 @@ from kfoundry import PROJECT_NAME
 from kfoundry.core import hookspecs
 from kfoundry.core.errors import PluginError
 
-PluginKind = Literal["backend", "llm", "search", "tuner", "hardware", "executor", "descriptor"]
+PluginKind = Literal["backend", "llm", "search", "tuner", "hardware", "executor", "descriptor", "language"]
 
 #: Registration hook name for each plugin kind.
 REGISTRATION_HOOKS: dict[PluginKind, str] = {
@@ -37,6 +37,7 @@ REGISTRATION_HOOKS: dict[PluginKind, str] = {
     "hardware": "kf_register_hardware",
     "executor": "kf_register_executors",
     "descriptor": "kf_register_descriptors",
+    "language": "kf_register_languages",
 }
 
 

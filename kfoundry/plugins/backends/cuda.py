@@ -272,3 +272,13 @@ def kf_register_descriptors(register: Any) -> None:
     from kfoundry.core.behaviour.registry import register_descriptors
 
     register_descriptors(register, "cuda")
+
+
+@hookimpl
+def kf_register_languages(register: Any) -> None:
+    from kfoundry.core.languages import LanguageSpec
+
+    spec = LanguageSpec(
+        name="cuda", suffixes=(".cu",), fences=("cuda", "cu", "c++", "cpp"), description="CUDA C++ kernels"
+    )
+    register(spec.name, spec)

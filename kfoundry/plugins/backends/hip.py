@@ -336,3 +336,13 @@ def kf_register_descriptors(register: Any) -> None:
     from kfoundry.core.behaviour.registry import register_descriptors
 
     register_descriptors(register, "hip")
+
+
+@hookimpl
+def kf_register_languages(register: Any) -> None:
+    from kfoundry.core.languages import LanguageSpec
+
+    spec = LanguageSpec(
+        name="hip", suffixes=(".hip",), fences=("hip", "c++", "cpp"), description="HIP C++ kernels"
+    )
+    register(spec.name, spec)

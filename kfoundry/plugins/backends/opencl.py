@@ -390,3 +390,13 @@ def kf_register_descriptors(register: Any) -> None:
     from kfoundry.core.behaviour.registry import register_descriptors
 
     register_descriptors(register, "opencl")
+
+
+@hookimpl
+def kf_register_languages(register: Any) -> None:
+    from kfoundry.core.languages import LanguageSpec
+
+    spec = LanguageSpec(
+        name="opencl", suffixes=(".cl",), fences=("opencl", "cl", "c"), description="OpenCL C kernels"
+    )
+    register(spec.name, spec)

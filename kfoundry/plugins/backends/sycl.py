@@ -853,3 +853,13 @@ def kf_register_descriptors(register: Any) -> None:
     from kfoundry.core.behaviour.registry import register_descriptors
 
     register_descriptors(register, "sycl")
+
+
+@hookimpl
+def kf_register_languages(register: Any) -> None:
+    from kfoundry.core.languages import LanguageSpec
+
+    spec = LanguageSpec(
+        name="sycl", suffixes=(".cpp", ".sycl"), fences=("sycl", "c++", "cpp"), description="SYCL C++ kernels"
+    )
+    register(spec.name, spec)
