@@ -17,6 +17,7 @@ from kfoundry.core.errors import ConfigError
 from kfoundry.core.generator import Attempt, GenerationRequest, ProblemSummary
 from kfoundry.core.llm.recording import load_recording
 from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome
+from kfoundry.core.payloads import RunSummary
 from kfoundry.core.plugins import PluginManager
 from kfoundry.core.store import Store
 
@@ -194,9 +195,9 @@ def test_lifecycle_hooks_feed_the_ensemble(server: LLMServer, kf_plugin_manager:
     [p] = ens.propose(request(n=1))
     hooks.candidate_evaluated(p.candidate, record(p.candidate, speedup=2.0), manager=kf_plugin_manager)
     assert ens.members[0].gain == pytest.approx(7.0)  # stage score 5 + speedup 2, over a parentless 0
-    summary: dict[str, Any] = {}
+    summary = RunSummary(run_id="run1", run_dir=str(tmp_path), stop_reason="budget", generations=1, evaluations=1)
     hooks.run_finished("run1", summary, manager=kf_plugin_manager)
-    assert summary["llm"]["calls"] == 1 and ens._observer_name is None
+    assert summary.extra["llm"]["calls"] == 1 and ens._observer_name is None
 
 
 def test_parent_fitness_is_the_bandit_baseline(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:

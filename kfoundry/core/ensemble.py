@@ -32,6 +32,7 @@ from kfoundry.core.llm.novelty import NoveltyFilter
 from kfoundry.core.llm.provider import LLMProvider, ModelUnreachable, ProviderOptions
 from kfoundry.core.llm.recording import RECORDING_NAME, Recorder, SqlStore
 from kfoundry.core.models import Candidate, EvalRecord, Proposal
+from kfoundry.core.payloads import GenerationSummary, RunSummary
 from kfoundry.core.plugins import PluginManager, get_plugin_manager
 
 _VOTES_DDL = """CREATE TABLE IF NOT EXISTS llm_votes (
@@ -386,13 +387,13 @@ class _Observer:
         self.ensemble.observe(candidate, record)
 
     @hookimpl
-    def kf_generation_finished(self, run_id: str, generation: int, summary: dict[str, Any]) -> None:
+    def kf_generation_finished(self, run_id: str, generation: int, summary: GenerationSummary) -> None:
         self.ensemble.end_generation(generation)
-        summary.setdefault("llm", self.ensemble.usage())
+        summary.extra.setdefault("llm", self.ensemble.usage())
 
     @hookimpl
-    def kf_run_finished(self, run_id: str, summary: dict[str, Any]) -> None:
-        summary.setdefault("llm", self.ensemble.usage())
+    def kf_run_finished(self, run_id: str, summary: RunSummary) -> None:
+        summary.extra.setdefault("llm", self.ensemble.usage())
         self.ensemble.detach()
 
 
