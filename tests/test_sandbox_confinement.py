@@ -34,10 +34,10 @@ from kfoundry.core.evaluation.confine import (
     freeze_tree,
     kill_tree,
     new_pid_namespace,
-    probe,
     thaw_tree,
     tree_members,
 )
+from kfoundry.core.evaluation.confine_probe import probe
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux namespaces")
 

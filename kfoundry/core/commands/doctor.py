@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kfoundry.core.evaluation.confine import probe
+from kfoundry.core.evaluation.confine_probe import probe
 
 
 @click.command("doctor", epilog="\b\nExamples:\n  kf-run doctor\n  kf-run doctor --json")
