@@ -87,6 +87,14 @@ class TunerConfig(PluginChoice):
         default=30, ge=1, description="Unique configurations evaluated per tuning of one kernel."
     )
     elites: int = Field(default=2, ge=1, description="How many elites are tuned each time.")
+    warm_start: list[str] = Field(
+        default_factory=list,
+        description="Earlier tuning results to warm-start from: run folders, stores, Kernel Tuner cache files,"
+        " or directories of them (a performance database; this run's own results are always used).",
+    )
+    warm_seeds: int = Field(
+        default=3, ge=0, description="Configurations seeded from the performance database per tuning (0: none)."
+    )
 
 
 class ExecutorConfig(PluginChoice):

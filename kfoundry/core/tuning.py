@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kfoundry.core import warm_start
 from kfoundry.core.config import TunerConfig, build_plugin
 from kfoundry.core.errors import KfError
 from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome, TunableSpace, TuningResult
@@ -225,7 +226,8 @@ def tune_candidate(
         )
     space.size  # enumerate now: an empty or oversized space fails before anything is compiled  # noqa: B018
     params_in_force = problem.candidate_params(candidate) if hasattr(problem, "candidate_params") else candidate.params
-    seed_configs = default_seeds(space, params_in_force, seeds)
+    warm = warm_start.warm_seeds(evaluator, candidate, space, tuner_config)  # the performance database
+    seed_configs = default_seeds(space, params_in_force, [*seeds, *warm])
     budget = Budget(evaluations=evaluations or tuner_config.evaluations, wall_time_s=wall_time_s)
     writer = _writer(record_path, space, device, problem, candidate)
     records: dict[int, EvalRecord] = {}
@@ -257,6 +259,7 @@ def tune_candidate(
         if writer is not None:
             writer.add_measurement(trial.config, trial.measurement)
         _store_trial(evaluator, tuning_id, record.candidate_hash, tuner_config.name, trial)
+        warm_start.remember_trial(evaluator, candidate, trial.config, trial.value)
         if on_trial is not None:
             on_trial(trial, record)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kfoundry.core.config import (
@@ -21,10 +23,10 @@ from kfoundry.core.config import (
     parse_override,
 )
 from kfoundry.core.errors import ConfigError, PluginError
-from kfoundry.core.models import ParamValue, TunableSpace, TuningResult
+from kfoundry.core.models import EvalRecord, ParamValue, TunableSpace, TuningResult
 from kfoundry.core.plugins import PluginKind, get_plugin_manager
 from kfoundry.core.recorded import RecordedSpace, export_t4, replay_objective
-from kfoundry.core.tuner import Budget, run_tuner
+from kfoundry.core.tuner import Budget, Trial, run_tuner
 from kfoundry.core.tuning import tuning_result
 
 EPILOG = """\b
@@ -34,7 +36,54 @@ Examples:
       --restrict "RB * VW <= 32" --evaluations 6
   kf-run tune --replay benchmarks/spaces/opencl_matmul_pocl.json --tuner nevergrad --evaluations 50
   kf-run tune --replay my_kernel_tuner_cache.json --tuner bayesian --t4 results.json
+  kf-run tune PROBLEM CANDIDATE --shape N=8192 --warm-start runs/ --warm-start other_host_cache.json
 """
+
+log = logging.getLogger(__name__)
+
+
+class TrialProgress:
+    """Progress while tuning: a log line per trial (plain lines without a terminal, ``-v`` on one) and,
+    on a terminal, a progress bar over the evaluation budget."""
+
+    def __init__(self, total: int, terminal: bool, level: int = logging.INFO) -> None:
+        self.total, self.level, self.count = total, level, 0
+        self.best: tuple[float, str] | None = None
+        self.bar: Progress | None = None
+        if terminal:
+            from kfoundry.core import cli
+
+            self.bar = Progress(
+                TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.description}"), console=cli.terminal_console or Console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
+
+    def __call__(self, trial: Trial, record: EvalRecord | None = None) -> None:
+        self.count += 1
+        params = json.dumps(trial.config)
+        if trial.value is not None and (self.best is None or trial.value < self.best[0]):
+            self.best = (trial.value, params)
+        verdict = f"{trial.value:.4f} ms" if trial.value is not None else trial.measurement.invalidity
+        if record is not None and record.is_correct and record.speedup:
+            verdict += f" {record.speedup:.2f}x"
+        best = f"{self.best[0]:.4f} ms {self.best[1]}" if self.best else "none valid yet"
+        log.log(self.level, "tune trial %d/%d%s %s -> %s (best %s)", self.count, self.total,
+                " (seed)" if trial.seeded else "", params, verdict, best)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.count, description=f"best {best}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _terminal() -> bool:
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx else None
+    return bool(obj and obj.get("terminal"))
 
 
 def _value(raw: str) -> ParamValue:
@@ -124,6 +173,8 @@ def _print_result(result: TuningResult, console: Console, first: float | None, t
 @click.option("--record", help="Append every trial to this Kernel Tuner cache file.")
 @click.option("--t4", "t4_path", help="Write the trials in T4 format to this file.")
 @click.option("--seed", type=int, default=None, help="Random seed of the tuner (default: the config's).")
+@click.option("--warm-start", "warm_start", multiple=True, metavar="PATH",
+              help="Warm-start from earlier results: a run folder, store, Kernel Tuner cache or a directory of them.")
 @click.option("--backend", help="Backend plugin (default: the config's, opencl).")
 @click.option("--device", help="Device index or name substring.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=VALUE", help="Override a problem shape constant.")
@@ -134,7 +185,7 @@ def _print_result(result: TuningResult, console: Console, first: float | None, t
 def command(problem: str | None, candidate: str | None, tuner_name: str | None, evaluations: int | None,
             wall_time: float | None, param_values: tuple[str, ...], restrictions: tuple[str, ...],
             space_file: str | None, block: tuple[str, ...], local_mem: str | None, params: tuple[str, ...],
-            replay: str | None, record: str | None, t4_path: str | None, seed: int | None,
+            replay: str | None, record: str | None, t4_path: str | None, seed: int | None, warm_start: tuple[str, ...],
             backend: str | None, device: str | None, shapes: tuple[str, ...], config_path: str | None,
             overrides: tuple[str, ...], show_trials: bool, as_json: bool) -> None:
     """Tune the template parameters of CANDIDATE on PROBLEM (or replay a recorded space with --replay)."""
@@ -147,8 +198,13 @@ def command(problem: str | None, candidate: str | None, tuner_name: str | None, 
         sets.append(f"backend.name={json.dumps(backend)}")
     if device is not None:
         sets.append(f"backend.device={json.dumps(device)}")
+    if warm_start:
+        sets.append(f"tuner.warm_start={json.dumps(list(warm_start))}")
     config = load_config(config_path, sets, validate_plugins=False)
     _validate_plugins(config, with_backend=not replay)
+    from kfoundry.core.warm_start import load_sources
+
+    load_sources(config.tuner.warm_start)  # a missing or unreadable source fails before anything runs
     run_seed = config.seed if seed is None else seed
     console = Console(stderr=as_json)
     if replay:
@@ -178,7 +234,9 @@ def _replay(path: str, tuner_config: TunerConfig, wall_time: float | None, seed:
     space = recorded.space()
     tuner = build_plugin(tuner_config, "tuner")
     budget = Budget(evaluations=tuner_config.evaluations, wall_time_s=wall_time)
-    trace = run_tuner(space, replay_objective(recorded), tuner, budget, seed=seed)
+    log.info("replaying %s with %s, %d evaluations", recorded.name, tuner_config.name, tuner_config.evaluations)
+    progress = TrialProgress(tuner_config.evaluations, terminal=False, level=logging.DEBUG)  # no device: instant
+    trace = run_tuner(space, replay_objective(recorded), tuner, budget, seed=seed, on_trial=progress)
     if t4_path:
         export_t4(t4_path, trace.trials, space.params)
     result = tuning_result(trace, tuner_config.name)
@@ -207,18 +265,33 @@ def _on_device(problem: str, candidate: str, config: Any, extra: TunableSpace | 
         meta["local_mem"] = local_mem
     cand = cand.model_copy(update={"meta": meta})
     firsts: list[float | None] = []
+    progress: TrialProgress | None = None
+
+    def on_trial(trial: Trial, rec: EvalRecord) -> None:
+        if not firsts:
+            firsts.append(trial.value)
+        if progress is not None:
+            progress(trial, rec)
+
     store = Store(Path(config.output_dir) / "eval-cache.sqlite")
     try:
+        log.info("tuning %s on %s %s: timing the reference on %s", cand.label or candidate, prob.name, prob.shapes,
+                 config.backend.name)
         with Evaluator(prob, config, store=store) as evaluator:
             space = candidate_space(
                 cand, evaluator.device, prob.space, merge_spaces(extra, cli_space),
                 constants=prob.shapes, problem_block=native_block(prob),
             )
+            total = min(config.tuner.evaluations, space.size)
+            log.info("tuning on %s: %d valid configurations, %d evaluations with %s", evaluator.device.name,
+                     space.size, total, config.tuner.name)
+            progress = TrialProgress(total, _terminal())
             result = tune_candidate(
                 evaluator, cand, config.tuner, space=space, wall_time_s=wall_time, seed=seed,
-                record_path=record, t4_path=t4_path,
-                on_trial=lambda t, r: firsts.append(t.value) if not firsts else None,
+                record_path=record, t4_path=t4_path, on_trial=on_trial,
             )
     finally:
+        if progress is not None:
+            progress.close()
         store.close()
     return result, firsts[0] if firsts else None
