@@ -41,11 +41,12 @@ def _evaluate(problem_name: str, shapes: dict[str, int], path: Path) -> dict[str
     started = time.perf_counter()
     with Evaluator(problem, _config()) as ev:
         record = ev.evaluate(Candidate(source=path.read_text(), language="cuda", label=path.name))
-    keep = ("CUDA IPC", "judge's clock net", "undercut", "native code", "no CUDA IPC", "sandbox protections")
+    keep = ("CUDA IPC", "judge's clock net", "undercut", "native code", "no CUDA IPC", "sandbox protections",
+            "clock pairs", "differential clock", "per-call overhead")
     return {"outcome": record.outcome.value, "message": record.message[:400],
             "median_ms": record.timing.median_ms if record.timing else None,
             "speedup": record.speedup, "wall_s": round(time.perf_counter() - started, 1),
-            "log": [ln[:300] for ln in (record.log or "").splitlines() if any(k in ln for k in keep)]}
+            "log": [ln[:600] for ln in (record.log or "").splitlines() if any(k in ln for k in keep)]}
 
 
 def main() -> int:

@@ -150,6 +150,8 @@ def judge_row(problem: Any, candidate_path: Path, timeout_s: float) -> dict[str,
     out["message"] = _first_line(record.message)
     out["undercut_lines"], out["undercut_batches"] = _undercut(record.log)
     out["phases"] = next((ln.strip() for ln in record.log.splitlines() if ln.startswith("judge phases")), "")
+    clock_keys = ("clock pairs", "differential clock", "per-call overhead", "exchange overhead")
+    out["clock"] = [ln.strip()[:600] for ln in record.log.splitlines() if any(k in ln for k in clock_keys)]
     if record.timing is not None:
         out["judge_ms"] = record.timing.median_ms
         out["judge_n"] = record.timing.n

@@ -125,6 +125,7 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     chance = min(1.0, ev.verified_batches / repeats)
     device_timing = judge.device != "cpu"
     events: list[float] = []
+    pairs: list[str] = []  # diagnostics: the judge's and the events' times of the first batch pairs
     for r in range(repeats):
         if paired:
             half = batch // 2
@@ -138,6 +139,8 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
             overhead = judge.timer_overhead_ms if device_timing and judge.timer_overhead_ms is not None else 0.0
             samples.append(max((ns - small_ns) / 1e6 / (batch - half) - overhead, 1e-6))
             events += _event_samples(reply.get("device_ms"), batch)
+            if len(pairs) < PAIRS_LOGGED:
+                pairs.append(_pair_line(small_ns, ns, small_reply, reply, judge.last_phases))
         else:
             samples.append(_per_call_ms(ns / 1e6, batch, reply.get("device_ms"), judge))
         calls += batch
@@ -154,9 +157,24 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
                 raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
                     f"wrong while timed (call {k + 1} of batch {r + 1}; results cached, work skipped or left "
                     f"running): {verdict.message}")))
+    if pairs:
+        judge.log.append(f"clock pairs (b={batch // 2}; judge ms b/2b, events ms b/2b, runner phases 2b): " + "; ".join(pairs))
     if paired and not differential:
         samples = _device_or_judge(judge, events, samples)
     return summarize(samples), calls, verified
+
+
+#: Batch pairs whose raw times the judge's log keeps (diagnostics only).
+PAIRS_LOGGED = 6
+
+
+def _pair_line(small_ns: int, ns: int, small_reply: dict[str, Any], reply: dict[str, Any], phases: list[float]) -> str:
+    """One batch pair's raw times for the log: judge's clock and summed events of b and 2b calls."""
+    def events(r: dict[str, Any]) -> str:
+        ms = r.get("device_ms")
+        return f"{sum(ms):.3f}" if isinstance(ms, list) and all(isinstance(x, (int, float)) for x in ms) else "-"
+    return (f"{small_ns / 1e6:.3f}/{ns / 1e6:.3f}, {events(small_reply)}/{events(reply)}, "
+            + "/".join(f"{x:.2f}" for x in phases))
 
 
 def _event_samples(device_ms: Any, calls: int) -> list[float]:
