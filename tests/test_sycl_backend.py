@@ -17,7 +17,7 @@ from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Candidate, Outcome
 from kfoundry.core.plugins import reset_plugin_manager
 from kfoundry.core.problem import load_problem
-from kfoundry.plugins.backends import sycl as sycl_mod
+from kfoundry.plugins.backends import sycl_runtime
 from kfoundry.plugins.backends.sycl import (
     INSTALL_HINT,
     LaunchError,
@@ -153,8 +153,8 @@ def test_missing_extra_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch) -
             raise md.PackageNotFoundError(name)
         return real(name)
 
-    monkeypatch.setattr(sycl_mod.md, "version", version)
-    rt, why = sycl_mod._find_wheels()
+    monkeypatch.setattr(sycl_runtime.md, "version", version)
+    rt, why = sycl_runtime.find_wheels()
     assert rt is None and why.startswith(INSTALL_HINT) and "intel-opencl-rt" in why
 
 

@@ -22,7 +22,6 @@ from kfoundry.plugins.backends.cuda_compile import (
     CompileResult,
     choose_arch,
     compile_cuda,
-    kernel_short_name,
     nvcc_version,
     nvrtc_available,
 )
@@ -34,6 +33,7 @@ from kfoundry.plugins.backends.cuda_launch import (
     is_sticky_error,
     require_torch_cuda,
 )
+from kfoundry.plugins.backends.toolchain import kernel_short_name
 
 #: Bytes written before each timed call to evict the inputs from L2 (triton.testing.do_bench's size).
 L2_FLUSH_BYTES = 256 * 2**20

@@ -21,7 +21,7 @@ from kfoundry.core.backend import CompileFailed
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.models import ParamValue
 from kfoundry.plugins.backends.cuda_headers import HEADERS, PRELUDE_NAME
-from kfoundry.plugins.backends.toolchain import first_error, run_compiler
+from kfoundry.plugins.backends.toolchain import define_flags, first_error, kernel_short_name, run_compiler
 
 Compiler = Literal["auto", "nvrtc", "nvcc"]
 
@@ -71,15 +71,6 @@ def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
     return report
 
 
-def kernel_short_name(symbol: str) -> str:
-    """The source name of a kernel symbol: ``add`` for ``add`` and for the mangled ``_Z3addPfS_i``."""
-    mangled = re.match(r"_Z(\d+)(\w+)", symbol)
-    if mangled:
-        length = int(mangled.group(1))
-        return mangled.group(2)[:length]
-    return symbol
-
-
 def choose_arch(compute_capability: str | None, source: str) -> str:
     """``sm_XY`` for a compute capability "X.Y" (default 9.0), ``sm_90a`` when Hopper-only code is used."""
     major, minor = (compute_capability or "9.0").split(".")
@@ -87,17 +78,6 @@ def choose_arch(compute_capability: str | None, source: str) -> str:
     if arch == "sm_90" and _ARCH_SPECIFIC.search(source):
         arch = "sm_90a"
     return arch
-
-
-def define_flags(defines: dict[str, ParamValue] | None) -> list[str]:
-    """``-DNAME=VALUE`` flags (booleans as 1/0)."""
-    flags = []
-    for name, value in (defines or {}).items():
-        if not re.fullmatch(r"[A-Za-z_]\w*", name):
-            raise CompileFailed(f"bad define name {name!r}")
-        text = str(int(value)) if isinstance(value, bool) else str(value)
-        flags.append(f"-D{name}={text}")
-    return flags
 
 
 def cuda_include_dirs() -> list[str]:

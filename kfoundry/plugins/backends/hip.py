@@ -29,8 +29,7 @@ from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, 
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.hookspecs import Register
 from kfoundry.core.models import DeviceProfile, ParamValue
-from kfoundry.plugins.backends.cuda_compile import define_flags, kernel_short_name
-from kfoundry.plugins.backends.toolchain import run_compiler
+from kfoundry.plugins.backends.toolchain import define_flags, kernel_short_name, run_compiler
 
 NO_DEVICE = "compile-only: no AMD GPU (ROCm) device is present"
 NO_HIPCC = "hip: hipcc not found (Debian: apt-get install hipcc)"

@@ -14,6 +14,7 @@ Also registers the ``opencl`` hardware detector: a :class:`DeviceProfile` per de
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import time
 from collections.abc import Sequence
@@ -23,12 +24,19 @@ import numpy as np
 from pydantic import Field
 
 from kfoundry import hookimpl
-from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, CompileFailed, KernelModule
-from kfoundry.core.errors import BackendUnavailable, KfError
+from kfoundry.core.backend import BackendCapabilities, BackendOptions, CompileFailed, KernelModule
+from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.hardware import HardwareDetector
 from kfoundry.core.models import DeviceProfile, ParamValue
 from kfoundry.core.peaks import with_peaks
 from kfoundry.core.plugins import NoOptions
+from kfoundry.plugins.backends.launch import (
+    KernelLauncher,
+    LaunchError,
+    QueueBackend,
+    device_profile,
+    launch_dims,
+)
 from kfoundry.runtime import LocalMemory
 
 if TYPE_CHECKING:  # torch is imported where a launch needs it: `kf-run plugins` need not wait a second for it
@@ -40,8 +48,7 @@ except ImportError:  # pragma: no cover - pyopencl is a core dependency
     cl = None  # type: ignore[assignment]
 
 
-class LaunchError(KfError):
-    """A kernel launch was malformed (bad argument, work-group size over the device limit...)."""
+__all__ = ["LaunchError", "OpenCLBackend", "OpenCLHardware", "OpenCLOptions", "profile_of"]
 
 
 class OpenCLOptions(BackendOptions):
@@ -80,22 +87,25 @@ def profile_of(dev: Any, index: int) -> DeviceProfile:
         sub_groups = [int(x) for x in dev.get_info(0x4108)] or None  # CL_DEVICE_SUB_GROUP_SIZES_INTEL
     except Exception:
         sub_groups = None
-    return DeviceProfile(
-        backend="opencl",
-        name=dev.name.strip(),
-        index=index,
-        vendor=str(_info(dev, "vendor", "")).strip(),
-        device_type=_device_type(dev),
+    info = {
+        "name": dev.name,
+        "vendor": _info(dev, "vendor", ""),
+        "device_type": _device_type(dev),
+        "compute_units": _info(dev, "max_compute_units"),
+        "max_work_group_size": _info(dev, "max_work_group_size"),
+        "max_work_item_sizes": _info(dev, "max_work_item_sizes", []),
+        "local_mem_bytes": _info(dev, "local_mem_size"),
+        "global_mem_bytes": _info(dev, "global_mem_size"),
+        "sub_group_sizes": sub_groups,
+        "preferred_vector_width_float": _info(dev, "preferred_vector_width_float"),
+        "clock_mhz": _info(dev, "max_clock_frequency", 0),
+        "l2_cache_bytes": _info(dev, "global_mem_cache_size"),
+    }
+    return device_profile(
+        "opencl",
+        index,
+        info,
         driver_version=f"{dev.platform.version.strip()}; driver {_info(dev, 'driver_version', '')}",
-        compute_units=_info(dev, "max_compute_units"),
-        max_work_group_size=_info(dev, "max_work_group_size"),
-        max_work_item_sizes=list(_info(dev, "max_work_item_sizes", []) or []) or None,
-        local_mem_bytes=_info(dev, "local_mem_size"),
-        global_mem_bytes=_info(dev, "global_mem_size"),
-        sub_group_sizes=sub_groups,
-        preferred_vector_width_float=_info(dev, "preferred_vector_width_float"),
-        clock_mhz=float(_info(dev, "max_clock_frequency", 0) or 0) or None,
-        l2_cache_bytes=_info(dev, "global_mem_cache_size"),
         extra={
             "platform": dev.platform.name.strip(),
             "opencl_version": str(_info(dev, "version", "")).strip(),
@@ -131,16 +141,7 @@ def _define(name: str, value: ParamValue) -> str:
     return f"-D{name}={value}"
 
 
-def _dims(value: int | Sequence[int] | None, what: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    dims = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
-    if not 1 <= len(dims) <= 3 or any(d <= 0 for d in dims):
-        raise LaunchError(f"{what} must be 1-3 positive sizes, got {value!r}")
-    return dims
-
-
-class OpenCLBackend(Backend):
+class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
     """OpenCL through pyopencl (see module docstring)."""
 
     name = "opencl"
@@ -151,9 +152,6 @@ class OpenCLBackend(Backend):
         super().__init__(options or OpenCLOptions())
         self.options: OpenCLOptions
         self._cl_devices: list[Any] | None = None
-        self._ctx: Any = None
-        self._queue: Any = None
-        self._pending: list[Any] = []
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -185,19 +183,14 @@ class OpenCLBackend(Backend):
         profile = self.require_device()
         return self._devices_raw()[profile.index]
 
-    def _context(self) -> tuple[Any, Any]:
-        if self._ctx is None:
-            dev = self._cl_device()
-            try:
-                self._ctx = cl.Context([dev])
-                self._queue = cl.CommandQueue(self._ctx, dev)
-            except Exception as exc:
-                raise BackendUnavailable(f"opencl: cannot create a context on {dev.name}: {exc}") from None
-        return self._ctx, self._queue
-
-    def select_device(self, spec: str | int | None = None) -> DeviceProfile:
-        self._ctx = self._queue = None
-        return super().select_device(spec)
+    def _open(self) -> tuple[Any, Any]:
+        """A context and an in-order queue on the selected device."""
+        dev = self._cl_device()
+        try:
+            ctx = cl.Context([dev])
+            return ctx, cl.CommandQueue(ctx, dev)
+        except Exception as exc:
+            raise BackendUnavailable(f"opencl: cannot create a context on {dev.name}: {exc}") from None
 
     # -- compile --------------------------------------------------------------------------------
 
@@ -234,7 +227,8 @@ class OpenCLBackend(Backend):
         for kname in (n for n in program.kernel_names.split(";") if n):
             kernel = cl.Kernel(program, kname)
             resources[kname] = {**self._kernel_resources(kernel, dev), "binary_bytes": binary_bytes}
-            kernels[kname] = _Launcher(self, kernel, kname, resources[kname]["max_work_group_size"])
+            launch = functools.partial(self.launch, kernel, max_wg=resources[kname]["max_work_group_size"])
+            kernels[kname] = KernelLauncher(kname, launch)
         if not kernels:
             raise CompileFailed("OpenCL program defines no __kernel function", log=log)
         return KernelModule(kernels, resources=resources, compile_time_s=elapsed, log=log)
@@ -274,11 +268,9 @@ class OpenCLBackend(Backend):
         buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host)
         return buf, host
 
-    def _zero_copy(self) -> bool:
-        """Wrap tensors in place: forced by the option, else on PoCL's CPU device (verified to use the host
-        memory as is, aligned or not); other runtimes may shadow host memory, so they get copies."""
-        if self.options.zero_copy is not None:
-            return self.options.zero_copy
+    def _zero_copy_default(self) -> bool:
+        """Wrap tensors in place on PoCL's CPU device (verified to use the host memory as is, aligned or
+        not); other runtimes may shadow host memory, so they get copies."""
         dev = self.require_device()
         return dev.device_type == "cpu" and "Portable Computing Language" in str(dev.extra.get("platform", ""))
 
@@ -292,8 +284,8 @@ class OpenCLBackend(Backend):
     ) -> None:
         """Launch ``kernel``: global size ``grid * block`` element-wise, local size ``block``."""
         _, queue = self._context()
-        g = _dims(grid, "grid")
-        b = _dims(block, "block")
+        g = launch_dims(grid, "grid")
+        b = launch_dims(block, "block")
         assert g is not None
         if b is not None:
             if len(b) != len(g):
@@ -334,30 +326,12 @@ class OpenCLBackend(Backend):
             raise LaunchError(f"opencl launch failed: {str(exc).splitlines()[0]}") from None
         for host, buf in copies:
             cl.enqueue_copy(queue, host, buf, is_blocking=False)
-        self._pending.append(keep)
-        if len(self._pending) > 256:
-            self.synchronize()
+        self._keep(keep)
 
     def synchronize(self) -> None:
-        if self._queue is not None:
-            self._queue.finish()
+        if self._ctx is not None:
+            self._ctx[1].finish()
         self._pending.clear()
-
-
-class _Launcher:
-    """``module.name(*args, grid=..., block=..., shared_mem=0)`` for one OpenCL kernel."""
-
-    def __init__(self, backend: OpenCLBackend, kernel: Any, name: str, max_wg: int | None) -> None:
-        self._backend, self._kernel, self.__name__, self._max_wg = backend, kernel, name, max_wg
-
-    def __call__(
-        self,
-        *args: Any,
-        grid: int | Sequence[int],
-        block: int | Sequence[int] | None = None,
-        shared_mem: int = 0,
-    ) -> None:
-        self._backend.launch(self._kernel, args, grid, block, self._max_wg)
 
 
 class OpenCLHardware(HardwareDetector):

@@ -1,11 +1,36 @@
-"""Running an offline compiler (nvcc, hipcc) on one candidate: the shared subprocess step."""
+"""What the offline-compiler backends (CUDA, HIP) share: ``-D`` flags, kernel symbol names, and
+running the compiler (nvcc, hipcc) on one candidate."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 from kfoundry.core.backend import CompileFailed
+from kfoundry.core.models import ParamValue
+
+__all__ = ["define_flags", "first_error", "kernel_short_name", "run_compiler"]
+
+
+def define_flags(defines: dict[str, ParamValue] | None) -> list[str]:
+    """``-DNAME=VALUE`` flags (booleans as 1/0)."""
+    flags = []
+    for name, value in (defines or {}).items():
+        if not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise CompileFailed(f"bad define name {name!r}")
+        text = str(int(value)) if isinstance(value, bool) else str(value)
+        flags.append(f"-D{name}={text}")
+    return flags
+
+
+def kernel_short_name(symbol: str) -> str:
+    """The source name of a kernel symbol: ``add`` for ``add`` and for the mangled ``_Z3addPfS_i``."""
+    mangled = re.match(r"_Z(\d+)(\w+)", symbol)
+    if mangled:
+        length = int(mangled.group(1))
+        return mangled.group(2)[:length]
+    return symbol
 
 
 def first_error(log: str) -> str:
