@@ -14,18 +14,16 @@ from pydantic import Field, model_validator
 
 from kfoundry import hookimpl
 from kfoundry.core.hookspecs import Register
+from kfoundry.core.llm.http import client_settings, sdk_errors
 from kfoundry.core.llm.prompts import Prompt
-from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
+from kfoundry.core.llm.provider import Completion, LLMProvider, ProviderOptions
 from kfoundry.core.llm.retry import TransientError
-from kfoundry.plugins.llms.openai_provider import connection_text, error_text, retry_after
 
 if TYPE_CHECKING:  # the SDK is imported where a call is made: importing it takes about a second
     import anthropic
 
-_RETRYABLE = {408, 409, 429}
 #: Below about 1024 tokens Anthropic does not cache a prefix.
 _MIN_CACHED_CHARS = 4096
-_FATAL = {401, 403, 404}
 
 
 class AnthropicOptions(ProviderOptions):
@@ -81,13 +79,7 @@ class AnthropicProvider(LLMProvider):
         import anthropic
 
         if self._client is None:
-            self._client = anthropic.Anthropic(
-                api_key=self.api_key(),
-                base_url=self.options.base_url,
-                timeout=self.options.timeout,
-                max_retries=0,
-                default_headers=self.extra_headers() or None,
-            )
+            self._client = anthropic.Anthropic(**client_settings(self))
         return self._client
 
     def endpoint(self) -> str:
@@ -120,28 +112,9 @@ class AnthropicProvider(LLMProvider):
             kwargs["extra_body"] = extra
         import anthropic
 
-        try:
+        hint = v1_hint(opts.base_url) if opts.base_url and extra_v1(opts.base_url) else ""
+        with sdk_errors(self, anthropic, anthropic.AnthropicError, not_found_hint=hint):
             resp = self.client().messages.create(**kwargs)
-        except anthropic.APIStatusError as exc:
-            status = exc.status_code
-            what = f"llm {self.name}: HTTP {status}: {self.scrub(error_text(exc))}"
-            if status in _RETRYABLE or status >= 500:
-                raise TransientError(what, retry_after(exc)) from None
-            if status == 404 and opts.base_url and extra_v1(opts.base_url):
-                what += f" ({v1_hint(opts.base_url)})"
-            if status in _FATAL:
-                raise LLMError(what) from None
-            raise CallRefused(what) from None
-        except anthropic.APITimeoutError as exc:
-            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="timeout") from None
-        except anthropic.APIConnectionError as exc:
-            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="connection") from None
-        except ValueError as exc:  # a 200 whose body claims JSON but is not
-            raise TransientError(
-                f"llm {self.name}: malformed reply (not JSON: {exc})", kind="malformed"
-            ) from None
-        except anthropic.AnthropicError as exc:  # anything else the SDK raises: one line, not a traceback
-            raise LLMError(f"llm {self.name}: {self.scrub(connection_text(exc))}") from None
         return self._read(resp)
 
     def _content(self, prompt: Prompt) -> str | list[dict[str, Any]]:

@@ -7,7 +7,6 @@ server's base URL ends in ``/v1``. The key comes from the environment variable n
 
 from __future__ import annotations
 
-import re
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -16,15 +15,13 @@ from pydantic import Field, model_validator
 
 from kfoundry import hookimpl
 from kfoundry.core.hookspecs import Register
+from kfoundry.core.llm.http import client_settings, sdk_errors
 from kfoundry.core.llm.prompts import Prompt
-from kfoundry.core.llm.provider import CallRefused, Completion, LLMError, LLMProvider, ProviderOptions
-from kfoundry.core.llm.retry import TransientError, parse_retry_after
+from kfoundry.core.llm.provider import Completion, LLMProvider, ProviderOptions
+from kfoundry.core.llm.retry import TransientError
 
 if TYPE_CHECKING:  # the SDK is imported where a call is made: importing it takes about half a second
     import openai
-
-_RETRYABLE = {408, 409, 429}
-_FATAL = {401, 403, 404}
 
 
 class OpenAIOptions(ProviderOptions):
@@ -60,34 +57,6 @@ def v1_hint(url: str) -> str:
     )
 
 
-def connection_text(exc: Exception) -> str:
-    """An SDK connection error on one line, with the cause the SDK hides (refused, unknown host ...)."""
-    cause = exc.__cause__ or exc.__context__
-    text = f"{type(exc).__name__}: {exc}"
-    if cause is not None and str(cause) and str(cause) not in text:
-        text += f" ({type(cause).__name__}: {' '.join(str(cause).split())[:200]})"
-    return text
-
-
-def error_text(exc: Exception) -> str:
-    """The server's own words from an SDK status error, on one line (no "Error code: NNN - " prefix)."""
-    body = getattr(exc, "body", None)
-    err = body.get("error", body) if isinstance(body, dict) else None
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
-        text = err["message"]
-    else:
-        text = re.sub(r"^Error code: \d+ - ", "", str(getattr(exc, "message", "") or exc))
-    return " ".join(text.split())[:300]
-
-
-def retry_after(exc: Exception) -> float | None:
-    """Seconds asked for by a ``retry-after-ms`` / ``retry-after`` header of an SDK error."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
-    ms = parse_retry_after(headers.get("retry-after-ms"))
-    return ms / 1000 if ms is not None else parse_retry_after(headers.get("retry-after"))
-
-
 class OpenAIProvider(LLMProvider):
     """Chat completions (OpenAI or any compatible server)."""
 
@@ -105,13 +74,7 @@ class OpenAIProvider(LLMProvider):
         import openai
 
         if self._client is None:
-            self._client = openai.OpenAI(
-                api_key=self.api_key(),
-                base_url=self.options.base_url,
-                timeout=self.options.timeout,
-                max_retries=0,
-                default_headers=self.extra_headers() or None,
-            )
+            self._client = openai.OpenAI(**client_settings(self))
         return self._client
 
     def endpoint(self) -> str:
@@ -133,28 +96,9 @@ class OpenAIProvider(LLMProvider):
             kwargs["extra_body"] = dict(opts.extra_body)
         import openai
 
-        try:
+        hint = v1_hint(opts.base_url) if opts.base_url and missing_v1(opts.base_url) else ""
+        with sdk_errors(self, openai, openai.OpenAIError, not_found_hint=hint):
             resp = self.client().chat.completions.create(**kwargs)
-        except openai.APIStatusError as exc:
-            status = exc.status_code
-            what = f"llm {self.name}: HTTP {status}: {self.scrub(error_text(exc))}"
-            if status in _RETRYABLE or status >= 500:
-                raise TransientError(what, retry_after(exc)) from None
-            if status == 404 and opts.base_url and missing_v1(opts.base_url):
-                what += f" ({v1_hint(opts.base_url)})"
-            if status in _FATAL:
-                raise LLMError(what) from None
-            raise CallRefused(what) from None
-        except openai.APITimeoutError as exc:
-            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="timeout") from None
-        except openai.APIConnectionError as exc:
-            raise TransientError(f"llm {self.name}: {connection_text(exc)}", kind="connection") from None
-        except ValueError as exc:  # a 200 whose body claims JSON but is not
-            raise TransientError(
-                f"llm {self.name}: malformed reply (not JSON: {exc})", kind="malformed"
-            ) from None
-        except openai.OpenAIError as exc:  # anything else the SDK raises: one line, not a traceback
-            raise LLMError(f"llm {self.name}: {self.scrub(connection_text(exc))}") from None
         return self._read(resp)
 
     def _read(self, resp: object) -> Completion:

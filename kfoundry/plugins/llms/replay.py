@@ -78,7 +78,7 @@ class ReplayProvider(LLMProvider):
     def price(self) -> Price:
         return self._price
 
-    def configure(self, *, model: str | None = None, name: str | None = None, **kw: object) -> LLMProvider:
+    def configure(self, *, model: str | None = None, name: str | None = None, **kw: object) -> ReplayProvider:
         """The recorded member's name and model always win (provenance must match the recording)."""
         return super().configure(**kw)  # type: ignore[arg-type]
 
