@@ -1,26 +1,61 @@
-"""The run configuration: pydantic models, TOML loading, ``--set`` overrides, plugin options.
+"""The run configuration: its pydantic models and :func:`load_config`.
 
-Unknown keys are errors that name their path; each plugin's ``options`` table is validated
-against the options model that plugin registered.
+Unknown keys are errors that name their path. Reading TOML and ``--set`` overrides is in
+:mod:`kfoundry.core.config_io`; finding, validating and building the plugins a config names is in
+:mod:`kfoundry.core.config_plugins`. Both are re-exported here, the import path the rest uses.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kfoundry.core.errors import ConfigError, PluginError
-from kfoundry.core.plugins import PluginKind, PluginManager, get_plugin_manager
+from kfoundry.core.config_io import (
+    apply_override,
+    format_validation_error,
+    parse_override,
+    parse_toml,
+    read_toml,
+    short_repr,
+)
+from kfoundry.core.config_plugins import (
+    build_plugin,
+    plugin_choices,
+    plugin_options,
+    resolved_config,
+    validate_plugin_options,
+)
+from kfoundry.core.errors import ConfigError
+from kfoundry.core.plugins import PluginManager, get_plugin_manager
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+__all__ = [
+    "BackendConfig",
+    "BudgetConfig",
+    "EnsembleConfig",
+    "EvaluationConfig",
+    "ExecutorConfig",
+    "LLMConfig",
+    "PluginChoice",
+    "ProblemConfig",
+    "RunConfig",
+    "SearchConfig",
+    "Strict",
+    "TunerConfig",
+    "apply_override",
+    "build_plugin",
+    "format_validation_error",
+    "load_config",
+    "parse_override",
+    "parse_toml",
+    "plugin_choices",
+    "plugin_options",
+    "read_toml",
+    "resolved_config",
+    "validate_plugin_options",
+]
 
 
 class Strict(BaseModel):
@@ -224,121 +259,6 @@ class RunConfig(Strict):
         return self
 
 
-def _format_location(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if not isinstance(part, int) and not _PLAIN_KEY.fullmatch(str(part)):
-            part = _short_repr(part, 40)  # a key with spaces, newlines or dots: quoted
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,60}")
-
-
-def format_validation_error(exc: ValidationError, prefix: str = "", source: str = "") -> str:
-    """One line: where the first problem is and what it is."""
-    err = exc.errors()[0]
-    loc = _format_location(tuple(err["loc"]))
-    if prefix:
-        loc = f"{prefix}.{loc}" if loc != "(top level)" else prefix
-    where = f" in {source}" if source else ""
-    if err["type"] == "extra_forbidden":
-        return f"config error{where}: unknown key {loc}"
-    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    msg = " ".join(str(err["msg"]).split())[:300]
-    return f"config error{where}: {loc}: {msg} (got {_short_repr(err.get('input'))}){more}"
-
-
-def _short_repr(value: Any, limit: int = 120) -> str:
-    """``repr`` on one line, cut to ``limit`` characters (a hostile value may be huge)."""
-    try:
-        text = repr(value)
-    except Exception:  # a repr that fails says nothing useful; the type does
-        text = f"<{type(value).__name__}>"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_INDEX = re.compile(r"[0-9]{1,6}")
-
-
-def _index(part: str) -> int | None:
-    """``part`` as a list index (ASCII digits only), else None."""
-    return int(part) if _INDEX.fullmatch(part) else None
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a","b","c"], value); the value is read as TOML, else as a string."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
-    key, raw = text.split("=", 1)
-    path = [p.strip() for p in key.strip().split(".") if p.strip()]
-    if not path:
-        raise ConfigError(f"--set {_short_repr(text)}: empty key")
-    value: Any = raw.strip()
-    try:
-        doc = tomllib.loads(f"v = {raw.strip()}")
-    except (tomllib.TOMLDecodeError, RecursionError, MemoryError, ValueError):
-        return path, value  # not a TOML value: the text itself
-    if set(doc) == {"v"}:  # a value with a newline could smuggle in more keys: then it is text
-        value = doc["v"]
-    return path, value
-
-
-def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
-    """Set ``data[path[0]][path[1]]... = value``; ``llms.0.name`` indexes into lists."""
-    where = _short_repr(".".join(path))
-    node: Any = data
-    for i, part in enumerate(path):
-        last = i == len(path) - 1
-        if isinstance(node, list):
-            idx = _index(part)
-            if idx is None or idx >= len(node):
-                raise ConfigError(f"--set {where}: no list item {_short_repr(part)}")
-            if last:
-                node[idx] = value
-            else:
-                node = node[idx]
-            continue
-        if not isinstance(node, dict):
-            above = ".".join(path[:i]) or "(top level)"
-            raise ConfigError(
-                f"--set {where}: {_short_repr(above)} holds a value ({type(node).__name__}), not a table"
-            )
-        if last:
-            node[part] = value
-            break
-        nxt = node.get(part)
-        if nxt is None:
-            nxt = [{}] if part == "llms" and _index(path[i + 1]) == 0 else {}
-            node[part] = nxt
-        node = nxt
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file; errors name the file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc}") from None
-    return parse_toml(text, str(p))
-
-
-def parse_toml(text: str, source: str = "") -> dict[str, Any]:
-    """A TOML document as data; every failure is one :class:`ConfigError` line naming ``source``."""
-    where = f" in {source}" if source else ""
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config error{where}: {exc}") from None
-    except (RecursionError, MemoryError, ValueError) as exc:  # nesting deeper than the parser allows
-        raise ConfigError(f"config error{where}: unreadable TOML ({type(exc).__name__})") from None
-
-
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
@@ -360,65 +280,7 @@ def load_config(
         raise ConfigError(format_validation_error(exc, source=source)) from None
     except (TypeError, ValueError, RecursionError) as exc:  # raised past pydantic by odd values
         where = f" in {source}" if source else ""
-        raise ConfigError(f"config error{where}: {type(exc).__name__}: {_short_repr(str(exc))}") from None
+        raise ConfigError(f"config error{where}: {type(exc).__name__}: {short_repr(str(exc))}") from None
     if validate_plugins:
         validate_plugin_options(config, manager or get_plugin_manager(), source=source)
     return config
-
-
-def plugin_choices(config: RunConfig) -> list[tuple[str, PluginKind, PluginChoice]]:
-    """Every plugin a config names: (key path, kind, choice)."""
-    choices: list[tuple[str, PluginKind, PluginChoice]] = [
-        ("backend", "backend", config.backend),
-        ("search", "search", config.search),
-        ("tuner", "tuner", config.tuner),
-        ("executor", "executor", config.executor),
-    ]
-    choices += [(f"llms[{i}]", "llm", llm) for i, llm in enumerate(config.llms)]
-    return choices
-
-
-def validate_plugin_options(config: RunConfig, manager: PluginManager, source: str = "") -> None:
-    """Check every named plugin exists and its ``options`` match its options model."""
-    where = f" in {source}" if source else ""
-    for key, kind, choice in plugin_choices(config):
-        try:
-            spec = manager.get(kind, choice.name)
-        except PluginError as exc:
-            raise ConfigError(f"config error{where}: {key}.name: {exc}") from None
-        try:
-            spec.options_model.model_validate(choice.options)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, prefix=f"{key}.options", source=source)) from None
-        except (TypeError, ValueError, RecursionError) as exc:  # a plugin's validator raised past pydantic
-            raise ConfigError(
-                f"config error{where}: {key}.options: {type(exc).__name__}: {_short_repr(str(exc))}"
-            ) from None
-
-
-def plugin_options(choice: PluginChoice, kind: PluginKind, manager: PluginManager | None = None) -> BaseModel:
-    """The validated options model instance for a configured plugin."""
-    spec = (manager or get_plugin_manager()).get(kind, choice.name)
-    return spec.options_model.model_validate(choice.options)
-
-
-def build_plugin(choice: PluginChoice, kind: PluginKind, manager: PluginManager | None = None) -> Any:
-    """Build the plugin object a config section names."""
-    spec = (manager or get_plugin_manager()).get(kind, choice.name)
-    return spec.build(choice.options)
-
-
-def resolved_config(config: RunConfig, manager: PluginManager | None = None) -> dict[str, Any]:
-    """The config as plain data with every plugin's option defaults filled in."""
-    data = config.model_dump(mode="json")
-    manager = manager or get_plugin_manager()
-    for key, kind, choice in plugin_choices(config):
-        try:
-            options = plugin_options(choice, kind, manager).model_dump(mode="json")
-        except (PluginError, ValidationError):
-            continue
-        if key.startswith("llms["):
-            data["llms"][int(key[5:-1])]["options"] = options
-        else:
-            data[key]["options"] = options
-    return data
