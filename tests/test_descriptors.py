@@ -113,7 +113,7 @@ def test_descriptors_survive_without_the_offline_plugin(monkeypatch, caplog) -> 
     assert extractor.measurer is not None
     assert not [r for r in caplog.records if "cuda" in r.getMessage()]
     specs = {s.name: s.plugin for s in manager.registry("descriptor")}
-    assert specs == {"cuda": "cuda", "hip": "hip", "opencl": "opencl", "sycl": "sycl"}
+    assert specs == {"cuda": "cuda", "hip": "hip", "opencl": "opencl", "sycl": "sycl", "triton": "triton"}
 
 
 def test_descriptor_choice_in_the_search_options(kf_config) -> None:

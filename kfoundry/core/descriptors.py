@@ -87,8 +87,12 @@ class PatternDescriptors(DescriptorExtractor):
             for axis, pats in self.patterns.items()
         }
 
+    def code(self, source: str) -> str:
+        """The text the patterns read: the kernels of ``source`` without C comments (a language may differ)."""
+        return strip_comments(kernel_text(source))
+
     def extract(self, source: str) -> dict[str, int]:
-        code = strip_comments(kernel_text(source))
+        code = self.code(source)
         out: dict[str, int] = {}
         for axis in self.axes:
             score = [0.0] * self.levels

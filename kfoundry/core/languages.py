@@ -22,13 +22,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kfoundry.core.errors import KfError
+from kfoundry.core.models import DEFAULT_LANGUAGE
 from kfoundry.core.plugins import PluginManager, PluginWarning, get_plugin_manager
 
-#: The language of the default backend (``backend.name`` defaults to ``opencl``), used only where a
-#: candidate names none (``Candidate(source=...)``).
-DEFAULT_LANGUAGE = "opencl"
-
 _NAME = re.compile(r"[a-z][a-z0-9_+-]{0,31}")
+__all__ = [
+    "DEFAULT_LANGUAGE",
+    "LanguageSpec",
+    "UnknownLanguage",
+    "check_language",
+    "export_suffix",
+    "fence_names",
+    "get_language",
+    "known_languages",
+    "language_for_suffix",
+]
 _SUFFIX = re.compile(r"\.[A-Za-z0-9_+-]{1,16}")
 _warned: set[str] = set()
 

@@ -9,12 +9,16 @@ import hashlib
 import json
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 ParamValue = int | float | str | bool
-Language = Literal["opencl", "cuda", "sycl", "hip"]
+#: A kernel language's name: any language a plugin registered (:mod:`kfoundry.core.languages`), checked
+#: against the registry where a candidate enters (``kf-run eval``, task files, the evaluator).
+Language = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_+-]{0,31}$")]
+#: The language of the default backend (``backend.name = "opencl"``), where a candidate names none.
+DEFAULT_LANGUAGE = "opencl"
 
 
 def _utcnow() -> datetime:
@@ -113,7 +117,7 @@ class Candidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str
-    language: Language = "opencl"
+    language: Language = DEFAULT_LANGUAGE
     #: ``kernelbench``: Python source defining ``ModelNew``; ``native``: raw kernel source.
     kind: Literal["kernelbench", "native"] = "kernelbench"
     params: dict[str, ParamValue] = Field(default_factory=dict)

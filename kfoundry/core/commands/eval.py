@@ -16,15 +16,21 @@ from rich.table import Table
 
 from kfoundry.core.config import RunConfig, format_validation_error, load_config, parse_override
 from kfoundry.core.errors import CandidateError, ConfigError
-from kfoundry.core.models import Candidate, EvalRecord, ParamValue, TimingStats
+from kfoundry.core.languages import UnknownLanguage, check_language, known_languages, language_for_suffix
+from kfoundry.core.models import DEFAULT_LANGUAGE, Candidate, EvalRecord, ParamValue, TimingStats
 from kfoundry.core.plugins import get_plugin_manager
 from kfoundry.core.store import Store
 
-LANGUAGE_BY_SUFFIX = {".cl": "opencl", ".cu": "cuda", ".hip": "hip", ".cpp": "sycl", ".sycl": "sycl"}
 
+def read_candidate(
+    path: str | Path, params: dict[str, ParamValue] | None = None, language: str | None = None
+) -> Candidate:
+    """A candidate from a file, its language from the registry (:mod:`kfoundry.core.languages`).
 
-def read_candidate(path: str | Path, params: dict[str, ParamValue] | None = None) -> Candidate:
-    """A candidate from a file: ``.py`` is a KernelBench ``ModelNew``; ``.cl``/``.cu``/... a native kernel."""
+    ``.py`` is a KernelBench ``ModelNew``: its language is the one its stem ends with (``softmax_cuda.py``),
+    else ``language`` (the backend's), else the default. Any other suffix is a native kernel of the
+    language registered for it (``.cl``, ``.cu``...). An unknown suffix or language is one line.
+    """
     p = Path(path)
     if not p.is_file():
         raise CandidateError(f"candidate file not found: {p}")
@@ -32,17 +38,24 @@ def read_candidate(path: str | Path, params: dict[str, ParamValue] | None = None
         source = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise CandidateError(f"cannot read candidate {p}: {exc}") from None
+    where = f"candidate {p}"
     if p.suffix == ".py":
-        language = "opencl"
-        for lang in ("cuda", "hip", "sycl"):
-            if p.stem.endswith(f"_{lang}"):
-                language = lang
-        return Candidate(source=source, kind="kernelbench", language=language, params=params or {}, label=p.name)
-    if p.suffix not in LANGUAGE_BY_SUFFIX:
-        raise CandidateError(f"{p}: unknown candidate type (expected .py or one of {', '.join(LANGUAGE_BY_SUFFIX)})")
-    return Candidate(
-        source=source, kind="native", language=LANGUAGE_BY_SUFFIX[p.suffix], params=params or {}, label=p.name
-    )
+        named = [name for name in known_languages() if p.stem.endswith(f"_{name}")]
+        chosen = max(named, key=len) if named else (language or DEFAULT_LANGUAGE)
+        return Candidate(
+            source=source,
+            kind="kernelbench",
+            language=check_language(chosen, where),
+            params=params or {},
+            label=p.name,
+        )
+    try:
+        spec = language_for_suffix(p.suffix)
+    except UnknownLanguage as exc:
+        raise CandidateError(f"{p}: unknown candidate type: {exc} (or .py, a ModelNew)") from None
+    if spec.candidate_kind == "python":
+        raise CandidateError(f"{p}: a {spec.name} candidate is a ModelNew .py file")
+    return Candidate(source=source, kind="native", language=spec.name, params=params or {}, label=p.name)
 
 
 def parse_params(items: tuple[str, ...]) -> dict[str, ParamValue]:
@@ -56,22 +69,32 @@ def parse_params(items: tuple[str, ...]) -> dict[str, ParamValue]:
     return out
 
 
-def _validate_plugins(config: RunConfig) -> None:
+def _validate_plugins(config: RunConfig) -> str | None:
+    """Check the backend's and executor's options; the backend's language where its class declares one."""
     manager = get_plugin_manager()
-    for key, kind, choice in (("backend", "backend", config.backend), ("executor", "executor", config.executor)):
+    for key, kind, choice in (
+        ("backend", "backend", config.backend),
+        ("executor", "executor", config.executor),
+    ):
         try:
             spec = manager.get(kind, choice.name)  # type: ignore[arg-type]
             spec.options_model.model_validate(choice.options)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, prefix=f"{key}.options")) from None
+    language = getattr(manager.get("backend", config.backend.name).factory, "language", None)
+    return language if isinstance(language, str) else None
 
 
 def _timing_row(label: str, t: TimingStats | None) -> list[str]:
     if t is None:
         return [label, "-", "-", "-", "-", "-"]
     return [
-        label, f"{t.median_ms:.4f}", f"{t.iqr_ms:.4f}", f"[{t.ci95_low_ms:.4f}, {t.ci95_high_ms:.4f}]",
-        str(t.n), str(t.n_outliers),
+        label,
+        f"{t.median_ms:.4f}",
+        f"{t.iqr_ms:.4f}",
+        f"[{t.ci95_low_ms:.4f}, {t.ci95_high_ms:.4f}]",
+        str(t.n),
+        str(t.n_outliers),
     ]
 
 
@@ -93,7 +116,9 @@ def render(record: EvalRecord, console: Console) -> None:
     if record.roofline_fraction is not None:
         console.print(f"roofline fraction: {record.roofline_fraction:.3f}")
     if record.roofline_flag:
-        console.print("[bold yellow]flagged for review: faster than the roofline or an implausible speedup[/]")
+        console.print(
+            "[bold yellow]flagged for review: faster than the roofline or an implausible speedup[/]"
+        )
     if not record.is_correct and record.log:
         console.print("[dim]log (tail):[/]")
         console.print(record.log[-2000:], markup=False, highlight=False)
@@ -114,9 +139,9 @@ def evaluate(
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.problem import load_problem
 
-    _validate_plugins(config)
+    language = _validate_plugins(config)
     prob = load_problem(problem, dict(config.problem.shapes) | dict(shapes or {}))
-    cand = candidate if isinstance(candidate, Candidate) else read_candidate(candidate, params)
+    cand = candidate if isinstance(candidate, Candidate) else read_candidate(candidate, params, language)
     store = Store(Path(config.output_dir) / "eval-cache.sqlite")
     try:
         with Evaluator(prob, config, store=store) as evaluator:
@@ -136,9 +161,9 @@ def evaluate_all(
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.problem import load_problem
 
-    _validate_plugins(config)
+    language = _validate_plugins(config)
     prob = load_problem(problem, dict(config.problem.shapes) | dict(shapes or {}))
-    cands = [read_candidate(c, params) for c in candidates]
+    cands = [read_candidate(c, params, language) for c in candidates]
     store = Store(Path(config.output_dir) / "eval-cache.sqlite")
     try:
         with Evaluator(prob, config, store=store) as evaluator:
@@ -162,7 +187,9 @@ Examples:
 @click.argument("candidates", nargs=-1, required=True, metavar="CANDIDATE...")
 @click.option("--backend", help="Backend plugin (default: the config's, opencl).")
 @click.option("--device", help="Device index or name substring.")
-@click.option("--shape", "shapes", multiple=True, metavar="NAME=VALUE", help="Override a problem shape constant.")
+@click.option(
+    "--shape", "shapes", multiple=True, metavar="NAME=VALUE", help="Override a problem shape constant."
+)
 @click.option("--params", "params", multiple=True, metavar="NAME=VALUE", help="Template parameter value.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML run config.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config value.")
@@ -195,7 +222,9 @@ def command(
 
     config = load_config(config_path, sets, validate_plugins=False)
     if len(candidates) > 1:
-        records = evaluate_all(problem, list(candidates), config, parse_shape_overrides(shapes), parse_params(params))
+        records = evaluate_all(
+            problem, list(candidates), config, parse_shape_overrides(shapes), parse_params(params)
+        )
         if as_json:
             click.echo("[" + ",\n".join(r.model_dump_json(indent=2) for r in records) + "]")
         else:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kfoundry.core.languages import fence_names
 from kfoundry.core.models import ParamValue, TunableSpace
 
 #: Replies longer than this (characters) or holding more diffs are refused: parsing stays bounded.
@@ -25,7 +26,6 @@ _FENCE_CLOSE = re.compile(r"[ \t]*```[ \t]*")
 _DIFF_SEARCH = re.compile(r"[ \t]*<{5,}[ \t]*SEARCH[ \t]*")
 _DIFF_DIVIDE = re.compile(r"[ \t]*={5,}[ \t]*")
 _DIFF_REPLACE = re.compile(r"[ \t]*>{5,}[ \t]*REPLACE[ \t]*")
-_KERNEL_LANGS = {"c", "cpp", "c++", "cl", "opencl", "cuda", "cu", "hip", "sycl", ""}
 
 
 class ParseFailure(Exception):
@@ -342,5 +342,7 @@ def parse_reply(
         source = harness_params(chosen[-1].rstrip() + "\n")
         _check_python(source)
         return ParsedReply(source, "block", _rationale(text), extract_params(source), extract_space(source))
-    chosen = [body for lang, body in blocks if lang in _KERNEL_LANGS] or [b for _, b in blocks]
+    # a native kernel: the blocks fenced with some registered language's name (or with none)
+    kernel_fences = fence_names() | {""}
+    chosen = [body for lang, body in blocks if lang.lower() in kernel_fences] or [b for _, b in blocks]
     return ParsedReply(max(chosen, key=len).rstrip() + "\n", "block", _rationale(text))

@@ -198,7 +198,20 @@ class PromptBuilder:
     def generation(self, request: GenerationRequest) -> Prompt:
         """The prompt that asks for one kernel."""
         ctx = self.context(request)
-        return Prompt(self._render("system.j2", **ctx), self._render(f"{request.language}.j2", **ctx))
+        return Prompt(self._render("system.j2", **ctx), self._render_language(request.language, ctx))
+
+    def _render_language(self, language: str, ctx: dict[str, Any]) -> str:
+        """``<language>.j2`` (a template directory's or the bundled one), else the language plugin's template."""
+        try:
+            return self._render(f"{language}.j2", **ctx)
+        except jinja2.TemplateNotFound:
+            from kfoundry.core.languages import get_language
+
+            text = get_language(language).prompt_template
+            if not text:
+                raise
+            rendered = self.env.from_string(text).render(**ctx)
+            return "\n".join(line.rstrip() for line in rendered.strip().split("\n")) + "\n"
 
     def ranking(self, request: GenerationRequest, proposals: list[Proposal]) -> Prompt:
         """The prompt that asks a member to rank proposals against the rubric."""

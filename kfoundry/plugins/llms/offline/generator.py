@@ -75,10 +75,14 @@ class OfflineGenerator(Generator):
         """Every recipe for ``problem`` in ``language`` (GeneratorUnsupported if none)."""
         key = (stable_hash(problem.reference_source, problem.shapes), language)
         if key not in self._recipes:
-            if language not in ("opencl", "cuda", "sycl"):
+            if language not in ("opencl", "cuda", "sycl", "triton"):
                 raise GeneratorUnsupported(f"offline generator: no cookbook for language {language!r}")
             spec = self.spec(problem)
-            if language == "sycl":  # the OpenCL recipes, translated (split rows: barrier-bound on CPU devices)
+            if language == "triton":  # Python kernels: their own recipes (kfoundry/plugins/llms/offline/triton_*)
+                from kfoundry.plugins.llms.offline.triton_recipes import recipes as triton_recipes
+
+                cookbook = triton_recipes(spec)
+            elif language == "sycl":  # the OpenCL recipes, translated (split rows: barrier-bound on CPU devices)
                 found = [sycl_recipe(r) for r in _COOKBOOKS[spec.family].recipes(spec, "opencl")
                          if not r.name.endswith("/split_rows")]
                 cookbook = [r for r in found if r is not None]
