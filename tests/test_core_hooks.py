@@ -29,6 +29,12 @@ def test_hook_is_documented_and_typed(name: str) -> None:
     assert signature.return_annotation is not inspect.Signature.empty, f"{name} has no return type"
     for param in signature.parameters.values():
         assert param.annotation is not inspect.Parameter.empty, f"{name}.{param.name} has no type"
+        assert f":param {param.name}:" in spec.__doc__, f"{name} does not document its parameter {param.name}"
+    if signature.return_annotation != "None":
+        assert ":return:" in spec.__doc__, f"{name} does not document what it returns"
+    assert "Added in " in spec.__doc__, f"{name} has no version note"
+    assert name in hookspecs.__all__, f"{name} is missing from hookspecs.__all__"
+    assert f"def {name}(" in (ROOT / "docs" / "hooks.md").read_text(), f"{name} is missing from docs/hooks.md"
     docs = (ROOT / "docs" / "plugins.md").read_text()
     assert f"def {name}(" in docs, f"{name} is missing from docs/plugins.md"
 
