@@ -1,5 +1,6 @@
-"""The standards hold in CI, not only on a developer's machine: ruff-clean everywhere, and mypy-clean
-(every function typed, see ``[tool.mypy]`` in pyproject.toml) across the package."""
+"""The standards hold in CI, not only on a developer's machine: ruff-clean everywhere, formatted by
+``ruff format`` everywhere, and mypy-clean (every function typed, see ``[tool.mypy]`` in
+pyproject.toml) across the package."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+import pytest
 
+ROOT = Path(__file__).parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -18,6 +20,12 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_ruff_finds_nothing() -> None:
     done = _run("ruff", "check", ".")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.skip(reason="enabled by the lead after the tree-wide format")
+def test_ruff_format_changes_nothing() -> None:
+    done = _run("ruff", "format", "--check", ".")
+    assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout[-4000:] + done.stderr[-2000:]
 
 
 def test_mypy_finds_nothing_in_the_package() -> None:
