@@ -59,7 +59,9 @@ class KernelModule:
             return self.__dict__["_kernels"][name]
         except KeyError:
             known = ", ".join(sorted(self.__dict__.get("_kernels", {}))) or "none"
-            raise AttributeError(f"no kernel named {name!r} in the compiled program (kernels: {known})") from None
+            raise AttributeError(
+                f"no kernel named {name!r} in the compiled program (kernels: {known})"
+            ) from None
 
     @property
     def kernel_names(self) -> list[str]:
@@ -117,7 +119,9 @@ class Backend(ABC):
         found = self.devices()
         if not found:
             caps = self.capabilities()
-            raise BackendUnavailable(f"backend {self.name}: no device found ({caps.reason or 'none visible'})")
+            raise BackendUnavailable(
+                f"backend {self.name}: no device found ({caps.reason or 'none visible'})"
+            )
         if spec is None or spec == "":
             chosen = found[0]
         elif isinstance(spec, int) or str(spec).isdigit():

@@ -128,7 +128,9 @@ class TunerConfig(PluginChoice):
         " or directories of them (a performance database; this run's own results are always used).",
     )
     warm_seeds: int = Field(
-        default=3, ge=0, description="Configurations seeded from the performance database per tuning (0: none)."
+        default=3,
+        ge=0,
+        description="Configurations seeded from the performance database per tuning (0: none).",
     )
 
 

@@ -148,7 +148,9 @@ class PluginManager:
                 continue
             self.add_plugin(module, ep.name, package=package, version=version)
 
-    def add_plugin(self, module: ModuleType | object, name: str, *, package: str = "", version: str = "") -> bool:
+    def add_plugin(
+        self, module: ModuleType | object, name: str, *, package: str = "", version: str = ""
+    ) -> bool:
         """Register one plugin object and run its registration hooks. False if it was skipped."""
         package = package or getattr(module, "__name__", name)
         try:
@@ -204,7 +206,9 @@ class PluginManager:
                 _registry: Registry = registry,
             ) -> None:
                 if not isinstance(name, str) or not name:
-                    raise PluginError(f"plugin {info.name} ({info.package}) registered a {_kind} with no name")
+                    raise PluginError(
+                        f"plugin {info.name} ({info.package}) registered a {_kind} with no name"
+                    )
                 if not callable(factory):
                     raise PluginError(f"{_kind} {name!r} from {info.package}: factory is not callable")
                 spec = PluginSpec(

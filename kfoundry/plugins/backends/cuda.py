@@ -52,7 +52,9 @@ extern "C" __global__ void kf_spin(unsigned long long ns) {
 class CudaOptions(BackendOptions):
     """Options of the CUDA backend."""
 
-    compiler: Literal["auto", "nvrtc", "nvcc"] = Field("auto", description="auto: NVRTC if installed, else nvcc")
+    compiler: Literal["auto", "nvrtc", "nvcc"] = Field(
+        "auto", description="auto: NVRTC if installed, else nvcc"
+    )
     arch: str | None = Field(None, description="target such as sm_90 or sm_90a; None: from the device")
     compile_only: bool = Field(False, description="compile and report resources without running")
     fast_math: bool = Field(False, description="pass --use_fast_math")
@@ -87,7 +89,9 @@ class CudaBackend(Backend):
             reason = f"no CUDA compiler: {nvrtc_why}; nvcc not on the PATH"
         can_run = bool(count) and not self.options.compile_only and _torch_sees_cuda()
         if count and not can_run and can_compile:
-            reason = "compile-only: " + ("requested by options" if self.options.compile_only else "PyTorch cannot use CUDA")
+            reason = "compile-only: " + (
+                "requested by options" if self.options.compile_only else "PyTorch cannot use CUDA"
+            )
         return BackendCapabilities(can_compile=can_compile, can_run=can_run, reason=reason)
 
     def devices(self) -> list[DeviceProfile]:
@@ -136,7 +140,11 @@ class CudaBackend(Backend):
         if self.options.fast_math:
             options.append("--use_fast_math")
         return compile_cuda(
-            source, arch=self.target_arch(source), compiler=self.options.compiler, defines=defines, options=options
+            source,
+            arch=self.target_arch(source),
+            compiler=self.options.compiler,
+            defines=defines,
+            options=options,
         )
 
     def load(

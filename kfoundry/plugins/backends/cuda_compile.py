@@ -64,7 +64,12 @@ def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
         frame = _FRAME.search(line)
         if frame:
             current["stack_bytes"], current["spill_stores"], current["spill_loads"] = map(int, frame.groups())
-        for key, pattern in (("registers", _USED), ("shared_bytes", _SMEM), ("const_bytes", _CMEM), ("barriers", _BARRIERS)):
+        for key, pattern in (
+            ("registers", _USED),
+            ("shared_bytes", _SMEM),
+            ("const_bytes", _CMEM),
+            ("barriers", _BARRIERS),
+        ):
             found = pattern.search(line)
             if found:
                 current[key] = int(found.group(1))
@@ -135,7 +140,11 @@ def compile_nvrtc(source: str, arch: str, options: list[str]) -> CompileResult:
     started = time.perf_counter()
     names = list(HEADERS)
     err, prog = nvrtc.nvrtcCreateProgram(
-        source.encode(), b"candidate.cu", len(names), [HEADERS[n].encode() for n in names], [n.encode() for n in names]
+        source.encode(),
+        b"candidate.cu",
+        len(names),
+        [HEADERS[n].encode() for n in names],
+        [n.encode() for n in names],
     )
     _nvrtc_check(err, "create program")
     try:

@@ -142,14 +142,18 @@ def _pack(value: Any, size: int | None, position: int) -> ctypes._SimpleCData | 
 
     if isinstance(value, torch.Tensor):
         if value.device.type != "cuda":
-            raise CudaLaunchError(f"argument {position}: a {value.device.type} tensor; CUDA kernels take GPU tensors")
+            raise CudaLaunchError(
+                f"argument {position}: a {value.device.type} tensor; CUDA kernels take GPU tensors"
+            )
         if size not in (None, 8):
             raise CudaLaunchError(f"argument {position}: a tensor passed for a {size}-byte parameter")
         return ctypes.c_uint64(value.data_ptr())
     if isinstance(value, np.generic):
         raw = value.tobytes()
         if size is not None and len(raw) != size:
-            raise CudaLaunchError(f"argument {position}: {value.dtype} ({len(raw)} bytes) for a {size}-byte parameter")
+            raise CudaLaunchError(
+                f"argument {position}: {value.dtype} ({len(raw)} bytes) for a {size}-byte parameter"
+            )
         return (ctypes.c_char * len(raw)).from_buffer_copy(raw)
     if isinstance(value, bool):
         return {1: ctypes.c_uint8, 8: ctypes.c_uint64}.get(size or 4, ctypes.c_int32)(int(value))
@@ -207,7 +211,10 @@ class CudaKernel:
             "const_bytes": attr.CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
             "max_threads_per_block": attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
         }
-        return {key: int(check(drv.cuFuncGetAttribute(a, self.function), "cuFuncGetAttribute")) for key, a in wanted.items()}
+        return {
+            key: int(check(drv.cuFuncGetAttribute(a, self.function), "cuFuncGetAttribute"))
+            for key, a in wanted.items()
+        }
 
     def __call__(
         self,
@@ -230,7 +237,10 @@ class CudaKernel:
         bx, by, bz = _dims(block, "block")
         if shared_mem > self._dynamic_shared_limit:
             attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(drv.cuFuncSetAttribute(self.function, attr, int(shared_mem)), "raising the shared-memory limit")
+            check(
+                drv.cuFuncSetAttribute(self.function, attr, int(shared_mem)),
+                "raising the shared-memory limit",
+            )
             self._dynamic_shared_limit = int(shared_mem)
         if stream is None:
             stream = torch.cuda.current_stream(self._program.context.index).cuda_stream
@@ -264,7 +274,9 @@ class LoadedProgram:
         return names
 
     def kernel(self, symbol: str, name: str) -> CudaKernel:
-        function = check(_driver().cuModuleGetFunction(self.module, symbol.encode()), f"finding kernel {symbol}")
+        function = check(
+            _driver().cuModuleGetFunction(self.module, symbol.encode()), f"finding kernel {symbol}"
+        )
         return CudaKernel(self, function, name)
 
 

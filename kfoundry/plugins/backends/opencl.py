@@ -54,7 +54,9 @@ __all__ = ["LaunchError", "OpenCLBackend", "OpenCLHardware", "OpenCLOptions", "p
 class OpenCLOptions(BackendOptions):
     """Options of the OpenCL backend."""
 
-    platform: str | None = Field(default=None, description="only devices of platforms whose name contains this")
+    platform: str | None = Field(
+        default=None, description="only devices of platforms whose name contains this"
+    )
     fast_math: bool = Field(default=False, description="build with -cl-fast-relaxed-math")
     zero_copy: bool | None = Field(
         default=None, description="wrap tensor memory in place (None: on PoCL CPU devices) instead of copying"
@@ -165,7 +167,9 @@ class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
             return BackendCapabilities(can_compile=False, can_run=False, reason="pyopencl is not installed")
         if not self._devices_raw():
             return BackendCapabilities(
-                can_compile=False, can_run=False, reason="no OpenCL device (install pyopencl[pocl] for a CPU one)"
+                can_compile=False,
+                can_run=False,
+                reason="no OpenCL device (install pyopencl[pocl] for a CPU one)",
             )
         return BackendCapabilities(can_compile=True, can_run=True)
 
@@ -272,7 +276,9 @@ class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
         """Wrap tensors in place on PoCL's CPU device (verified to use the host memory as is, aligned or
         not); other runtimes may shadow host memory, so they get copies."""
         dev = self.require_device()
-        return dev.device_type == "cpu" and "Portable Computing Language" in str(dev.extra.get("platform", ""))
+        return dev.device_type == "cpu" and "Portable Computing Language" in str(
+            dev.extra.get("platform", "")
+        )
 
     def launch(
         self,
@@ -292,7 +298,9 @@ class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
                 raise LaunchError(f"grid {g} and block {b} have different dimensions")
             size = int(np.prod(b))
             if max_wg is not None and size > max_wg:
-                raise LaunchError(f"work-group size {size} exceeds this kernel's limit {max_wg} on this device")
+                raise LaunchError(
+                    f"work-group size {size} exceeds this kernel's limit {max_wg} on this device"
+                )
             global_size = tuple(gi * bi for gi, bi in zip(g, b, strict=True))
         else:
             global_size = g
@@ -351,7 +359,9 @@ class OpenCLHardware(HardwareDetector):
 
 @hookimpl
 def kf_register_backends(register: Any) -> None:
-    register("opencl", OpenCLBackend, options=OpenCLOptions, description="OpenCL via pyopencl (PoCL on the CPU)")
+    register(
+        "opencl", OpenCLBackend, options=OpenCLOptions, description="OpenCL via pyopencl (PoCL on the CPU)"
+    )
 
 
 @hookimpl

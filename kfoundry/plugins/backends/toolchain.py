@@ -42,7 +42,12 @@ def first_error(log: str) -> str:
 
 
 def run_compiler(
-    tool: str, cmd: list[str], out: Path, timeout_s: float, env: dict[str, str] | None = None, cwd: str | None = None
+    tool: str,
+    cmd: list[str],
+    out: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> tuple[bytes, str]:
     """Run ``cmd``, which must write ``out``: (the bytes it wrote, the log), or :class:`CompileFailed`
     naming the first error, with the whole log attached."""
