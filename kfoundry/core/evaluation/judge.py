@@ -64,6 +64,7 @@ class Judge:
     clock_disagreements: int = 0
     timer_overhead_ms: float | None = None
     exchange_ms: float | None = None
+    exchange_fixed_ms: float | None = None  # a call exchange's fixed cost, trusted path (calibrate_calls)
     disagreement_samples: list[str] = field(default_factory=list)
     sandbox: dict[str, bool] = field(default_factory=dict)
     sandbox_notes: list[str] = field(default_factory=list)

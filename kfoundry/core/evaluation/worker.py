@@ -96,7 +96,7 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     if probe is not None:
         probe.calibrate()
     exchange_ms = calibrate(runner, device, probe) if device != "cpu" else None
-    per_call_ms = calibrate_calls(runner, probe) if device != "cpu" else None
+    per_call = calibrate_calls(runner, probe) if device != "cpu" else None
     built, _ = runner.exchange({"op": "build"})  # candidate code runs from here on: nothing it says is trusted
     variants = []
     for i, problem in enumerate(problems):
@@ -111,8 +111,10 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
         judge.log.append("no CUDA IPC here: the runner stages inputs and copies outputs off the device (less isolation)")
     overhead = ready.get("timer_overhead_ms")
     judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
-    if per_call_ms is not None:
-        judge.log.append(f"per-call overhead on the judge's clock {per_call_ms:.4f} ms (the runner's own: {overhead})")
+    if per_call is not None:
+        per_call_ms, judge.exchange_fixed_ms = per_call
+        judge.log.append(f"per-call overhead on the judge's clock {per_call_ms:.4f} ms (the runner's own: {overhead}); "
+                         f"fixed cost of an exchange {judge.exchange_fixed_ms:.4f} ms")
         judge.timer_overhead_ms = per_call_ms
     raw_in_force = ready.get("in_force")
     in_force: dict[Any, Any] = raw_in_force if isinstance(raw_in_force, dict) else {}
