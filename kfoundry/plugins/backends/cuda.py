@@ -33,7 +33,7 @@ from kfoundry.plugins.backends.cuda_launch import (
     is_sticky_error,
     require_torch_cuda,
 )
-from kfoundry.plugins.backends.toolchain import kernel_short_name
+from kfoundry.plugins.backends.toolchain import kernel_short_name, unrunnable_kernel
 
 #: Bytes written before each timed call to evict the inputs from L2 (triton.testing.do_bench's size).
 L2_FLUSH_BYTES = 256 * 2**20
@@ -164,7 +164,12 @@ class CudaBackend(Backend):
             report["compiler"] = result.compiler
         caps = self.capabilities()
         if not caps.can_run:
-            kernels = {name: _no_device(name, caps.reason) for name in resources}
+            kernels = {
+                name: unrunnable_kernel(
+                    f"cuda: cannot run kernel {name}: no CUDA device is present ({caps.reason})"
+                )
+                for name in resources
+            }
             return KernelModule(kernels, resources, result.compile_time_s, result.log)
         device = self.require_device()
         require_torch_cuda(device.index)
@@ -227,13 +232,6 @@ class CudaBackend(Backend):
             if is_sticky_error(exc):
                 raise GpuFault(f"kernel faulted on the GPU: {str(exc).splitlines()[0]}") from exc
             raise
-
-
-def _no_device(name: str, reason: str) -> Any:
-    def launch(*args: Any, **kwargs: Any) -> None:
-        raise BackendUnavailable(f"cuda: cannot run kernel {name}: no CUDA device is present ({reason})")
-
-    return launch
 
 
 @functools.lru_cache(maxsize=1)

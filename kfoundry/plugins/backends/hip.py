@@ -29,7 +29,12 @@ from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, 
 from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.hookspecs import Register
 from kfoundry.core.models import DeviceProfile, ParamValue
-from kfoundry.plugins.backends.toolchain import define_flags, kernel_short_name, run_compiler
+from kfoundry.plugins.backends.toolchain import (
+    define_flags,
+    kernel_short_name,
+    run_compiler,
+    unrunnable_kernel,
+)
 
 NO_DEVICE = "compile-only: no AMD GPU (ROCm) device is present"
 NO_HIPCC = "hip: hipcc not found (Debian: apt-get install hipcc)"
@@ -164,21 +169,14 @@ class HipBackend(Backend):
             name = kernel_short_name(symbol)
             if name in kernels:  # an overload or template instance: reachable by its full symbol
                 name = symbol
-            kernels[name] = _no_device(name)
+            kernels[name] = unrunnable_kernel(
+                f"hip: cannot run kernel {name}: no AMD GPU device is present (compile-only)"
+            )
             resources[name] = {**report, "symbol": symbol, "arch": result.arch, "compiler": "hipcc"}
         return KernelModule(kernels, resources, result.compile_time_s, result.log)
 
     def synchronize(self) -> None:
         return None  # nothing is ever queued
-
-
-def _no_device(name: str) -> Any:
-    def launch(*args: Any, **kwargs: Any) -> None:
-        raise BackendUnavailable(
-            f"hip: cannot run kernel {name}: no AMD GPU device is present (compile-only)"
-        )
-
-    return launch
 
 
 def hip_env() -> dict[str, str]:

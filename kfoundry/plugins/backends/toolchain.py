@@ -1,16 +1,19 @@
-"""What the offline-compiler backends (CUDA, HIP) share: ``-D`` flags, kernel symbol names, and
-running the compiler (nvcc, hipcc) on one candidate."""
+"""What the offline-compiler backends (CUDA, HIP) share: ``-D`` flags, kernel symbol names, running
+the compiler (nvcc, hipcc) on one candidate, and the stand-in for a kernel that cannot run here."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kfoundry.core.backend import CompileFailed
+from kfoundry.core.errors import BackendUnavailable
 from kfoundry.core.models import ParamValue
 
-__all__ = ["define_flags", "first_error", "kernel_short_name", "run_compiler"]
+__all__ = ["define_flags", "first_error", "kernel_short_name", "run_compiler", "unrunnable_kernel"]
 
 
 def define_flags(defines: dict[str, ParamValue] | None) -> list[str]:
@@ -59,3 +62,12 @@ def run_compiler(
     if proc.returncode != 0 or not out.is_file():
         raise CompileFailed(first_error(log) or f"{tool} exited with {proc.returncode}", log=log)
     return out.read_bytes(), log
+
+
+def unrunnable_kernel(message: str) -> Callable[..., None]:
+    """A compile-only module's kernel: calling it raises :class:`BackendUnavailable` with ``message``."""
+
+    def launch(*args: Any, **kwargs: Any) -> None:
+        raise BackendUnavailable(message)
+
+    return launch
