@@ -22,7 +22,7 @@ import pytest
 from kfoundry.core.cli import main
 from kfoundry.core.commands.resume import check_resumable
 from kfoundry.core.config import load_config
-from kfoundry.core.loop import _DDL, STORE_FILE, LoopState, write_run_file
+from kfoundry.core.loop import STORE_FILE, LoopState, write_run_file
 from kfoundry.core.models import Candidate, EvalRecord, Outcome, TimingStats
 from kfoundry.core.search import SearchAsk
 from kfoundry.core.store import RunLock, Store, StoreError
@@ -38,8 +38,6 @@ def make_run_folder(folder: Path) -> Path:
     config = load_config(overrides=[f"output_dir={folder.parent}", "budget.evaluations=1"])
     write_run_file(folder, RUN_ID, PROBLEM, {"N": 1024}, config, None)
     with Store(folder / STORE_FILE) as store:
-        for ddl in _DDL:
-            store.ensure_table(ddl)
         store.save_run(RUN_ID, "vector_add", config.model_dump(mode="json"))
         cand = Candidate(source="class ModelNew: pass", generator="offline")
         h = store.save_candidate(cand, run_id=RUN_ID)

@@ -31,7 +31,7 @@ from kfoundry.core.commands.resume import check_resumable
 from kfoundry.core.config import load_config
 from kfoundry.core.errors import KfError
 from kfoundry.core.llm.parsing import ParsedReply, ParseFailure, parse_reply
-from kfoundry.core.loop import _DDL, STORE_FILE, LoopState
+from kfoundry.core.loop import STORE_FILE, LoopState
 from kfoundry.core.models import Candidate, EvalRecord, Outcome, TimingStats
 from kfoundry.core.problem import load_problem
 from kfoundry.core.recorded import RecordedSpace
@@ -630,8 +630,6 @@ def _template_store() -> Path:
     if db.is_file():
         return db
     with Store(db) as store:
-        for ddl in _DDL:
-            store.ensure_table(ddl)
         store.save_run(RUN_ID, "p", {"seed": 1})
         cand = Candidate(source="class ModelNew: pass", generator="offline")
         h = store.save_candidate(cand, run_id=RUN_ID)

@@ -27,3 +27,7 @@ class CandidateError(KfError):
 
 class BackendUnavailable(KfError):
     """A backend cannot do what was asked on this machine (for example: no device to run on)."""
+
+
+class StoreError(KfError):
+    """The store cannot be opened, locked, read or written (one line naming the path and the cause)."""

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +28,8 @@ from pydantic import BaseModel, Field
 from kfoundry.core import hooks
 from kfoundry.core.behaviour.run import check_archive, record_descriptors, space_for_run
 from kfoundry.core.config import RunConfig, build_plugin, resolved_config
+from kfoundry.core.db import loop as loop_db
+from kfoundry.core.db.loop import Row
 from kfoundry.core.descriptors import DescriptorExtractor
 from kfoundry.core.errors import KfError
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported
@@ -39,23 +41,6 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 STORE_FILE = "kfoundry.db"
-
-_DDL = [
-    """CREATE TABLE IF NOT EXISTS loop_state (run_id TEXT PRIMARY KEY, data TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS loop_proposals (
-        run_id TEXT NOT NULL, generation INTEGER NOT NULL, idx INTEGER NOT NULL, candidate TEXT,
-        candidate_hash TEXT, ask TEXT NOT NULL, generator TEXT NOT NULL, rationale TEXT NOT NULL DEFAULT '',
-        parse_error TEXT, coords TEXT, record TEXT, evaluated_at TEXT,
-        PRIMARY KEY (run_id, generation, idx))""",
-    """CREATE TABLE IF NOT EXISTS archive_cells (
-        run_id TEXT NOT NULL, island INTEGER NOT NULL, coords TEXT NOT NULL, candidate_hash TEXT NOT NULL,
-        label TEXT NOT NULL, outcome TEXT NOT NULL, speedup REAL, median_ms REAL, fitness REAL NOT NULL,
-        migrated INTEGER NOT NULL, PRIMARY KEY (run_id, island, coords))""",
-    """CREATE TABLE IF NOT EXISTS loop_tuning (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, generation INTEGER NOT NULL,
-        candidate_hash TEXT NOT NULL, result TEXT NOT NULL)""",
-]
-
 
 class LoopError(KfError):
     """The loop cannot start or continue (unsupported problem, missing run files)."""
@@ -73,21 +58,6 @@ class LoopState(BaseModel):
     status: str = "running"
     stop_reason: str = ""
     strategy: dict[str, Any] | None = None
-
-
-@dataclass
-class Row:
-    """One stored proposal and (once evaluated) its verdict."""
-
-    generation: int
-    idx: int
-    ask: SearchAsk
-    candidate: Candidate | None
-    generator: str
-    rationale: str = ""
-    parse_error: str | None = None
-    coords: tuple[int, ...] | None = None
-    record: EvalRecord | None = None
 
 
 class LoopObserver(Protocol):
@@ -286,8 +256,6 @@ class OptimizeLoop:
         #: Generator seeds evaluated in generation 0 (default: :func:`seed_count`).
         self.initial_proposals = initial_proposals
         self.clock = clock
-        for ddl in _DDL:
-            store.ensure_table(ddl)
         self.state = self._load_state()
         if self.state.strategy:
             self.strategy.load_state_dict(self.state.strategy)
@@ -305,66 +273,15 @@ class OptimizeLoop:
     # -- persistence -------------------------------------------------------------------------------
 
     def _load_state(self) -> LoopState:
-        rows = self.store.query("SELECT data FROM loop_state WHERE run_id=?", (self.run_id,))
-        return LoopState.model_validate_json(rows[0]["data"]) if rows else LoopState()
+        data = loop_db.load_state(self.store, self.run_id)
+        return self.store.decode(LoopState, data, f"loop_state row of run {self.run_id!r}") if data else LoopState()
 
     def save_state(self) -> None:
         self.state.elapsed_s = self.elapsed
-        self.store.execute(
-            "INSERT INTO loop_state (run_id, data) VALUES (?, ?) ON CONFLICT(run_id) DO UPDATE SET data=excluded.data",
-            (self.run_id, self.state.model_dump_json()),
-        )
+        loop_db.save_state(self.store, self.run_id, self.state.model_dump_json())
 
     def rows(self, generation: int | None = None) -> list[Row]:
-        sql = "SELECT * FROM loop_proposals WHERE run_id=?"
-        args: tuple[Any, ...] = (self.run_id,)
-        if generation is not None:
-            sql += " AND generation=?"
-            args += (generation,)
-        out = []
-        for r in self.store.query(sql + " ORDER BY generation, idx", args):
-            out.append(Row(
-                generation=r["generation"], idx=r["idx"], ask=SearchAsk.model_validate_json(r["ask"]),
-                candidate=Candidate.model_validate_json(r["candidate"]) if r["candidate"] else None,
-                generator=r["generator"], rationale=r["rationale"], parse_error=r["parse_error"],
-                coords=tuple(json.loads(r["coords"])) if r["coords"] else None,
-                record=EvalRecord.model_validate_json(r["record"]) if r["record"] else None,
-            ))
-        return out
-
-    def _insert_rows(self, rows: list[Row]) -> None:
-        self.store.executemany(
-            """INSERT INTO loop_proposals (run_id, generation, idx, candidate, candidate_hash, ask, generator,
-               rationale, parse_error, coords) VALUES (?,?,?,?,?,?,?,?,?,?)""",
-            [
-                (self.run_id, r.generation, r.idx, r.candidate.model_dump_json() if r.candidate else None,
-                 r.candidate.content_hash if r.candidate else None, r.ask.model_dump_json(), r.generator,
-                 r.rationale, r.parse_error, json.dumps(list(r.coords)) if r.coords else None)
-                for r in rows
-            ],
-        )
-
-    def _save_record(self, row: Row) -> None:
-        assert row.record is not None
-        self.store.execute(
-            "UPDATE loop_proposals SET record=?, evaluated_at=? WHERE run_id=? AND generation=? AND idx=?",
-            (row.record.model_dump_json(), datetime.now(timezone.utc).isoformat(), self.run_id, row.generation, row.idx),
-        )
-
-    def _save_archive(self) -> None:
-        cells = list(self.strategy.archive)
-        self.store.executemany(
-            """INSERT INTO archive_cells VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id, island, coords) DO UPDATE
-               SET candidate_hash=excluded.candidate_hash, label=excluded.label, outcome=excluded.outcome,
-               speedup=excluded.speedup, median_ms=excluded.median_ms, fitness=excluded.fitness,
-               migrated=excluded.migrated""",
-            [
-                (self.run_id, c.island, json.dumps(list(c.coords)), c.candidate.content_hash, c.candidate.label,
-                 c.record.outcome.value, c.record.speedup, c.record.timing.median_ms if c.record.timing else None,
-                 c.record.fitness, int(c.migrated))
-                for c in cells
-            ],
-        )
+        return loop_db.proposals(self.store, self.run_id, generation)
 
     # -- budgets -----------------------------------------------------------------------------------
 
@@ -375,11 +292,7 @@ class OptimizeLoop:
     @property
     def evaluations(self) -> int:
         """Evaluations done by this run: search proposals plus tuning trials."""
-        n = self.store.query(
-            "SELECT COUNT(*) AS n FROM loop_proposals WHERE run_id=? AND record IS NOT NULL AND candidate IS NOT NULL",
-            (self.run_id,),
-        )[0]["n"]
-        return int(n) + self.state.tuning_evaluations
+        return loop_db.evaluated_count(self.store, self.run_id) + self.state.tuning_evaluations
 
     def stop_reason(self, before_evaluation: bool = False) -> str:
         """Why the run must stop now ("" to continue)."""
@@ -412,8 +325,7 @@ class OptimizeLoop:
 
     def plan(self, generation: int) -> list[Row]:
         """Ask the strategy and the generator for this generation's proposals and store them."""
-        avoid = {r["candidate_hash"] for r in self.store.query(
-            "SELECT candidate_hash FROM loop_proposals WHERE run_id=? AND candidate_hash IS NOT NULL", (self.run_id,))}
+        avoid = loop_db.proposed_hashes(self.store, self.run_id)
         n = self.config.budget.proposals_per_generation
         pairs: list[tuple[SearchAsk, Proposal]] = []
         try:
@@ -439,7 +351,7 @@ class OptimizeLoop:
                 rationale=p.rationale, parse_error=p.parse_error, coords=self._cell(p.candidate))
             for i, (ask, p) in enumerate(pairs)
         ]
-        self._insert_rows(rows)
+        loop_db.insert_proposals(self.store, self.run_id, rows)
         return rows
 
     @property
@@ -530,7 +442,7 @@ class OptimizeLoop:
             record = record or self.evaluator.evaluate(row.candidate)
             record.descriptors = record_descriptors(self.space, row.candidate, row.coords, record)
             row.record = record
-        self._save_record(row)
+        loop_db.save_verdict(self.store, self.run_id, row)
         if row.candidate is not None and row.candidate.meta.get("seed") and row.record.is_correct:
             self.seed_record = row.record
 
@@ -614,7 +526,7 @@ class OptimizeLoop:
         every = self.config.tuner.every
         if every > 0 and (g + 1) % every == 0 and not self.stop_reason(before_evaluation=True):
             self._tune(g)
-        self._save_archive()
+        loop_db.save_archive(self.store, self.run_id, self.strategy.archive)
         hooks.generation_finished(self.run_id, g, {
             "evaluations": self.evaluations, "best_speedup": best.record.speedup if best else None,
             "coverage": self.strategy.archive.coverage(),
@@ -739,10 +651,7 @@ class OptimizeLoop:
         log.info("tuned %s%s: %d trials, best %s (%s ms)", cell.candidate.label, on, result.evaluations,
                  result.best_params, f"{result.best_time_ms:.4f}" if result.best_time_ms is not None else "-")
         data = {**result.model_dump(mode="json"), **({"shapes": shapes} if shapes else {})}
-        self.store.execute(
-            "INSERT INTO loop_tuning (run_id, generation, candidate_hash, result) VALUES (?,?,?,?)",
-            (self.run_id, generation, cell.candidate.content_hash, json.dumps(data)),
-        )
+        loop_db.save_tuning(self.store, self.run_id, generation, cell.candidate.content_hash, data)
         if not result.best_params:
             return
         tuned = cell.candidate.with_params({**cell.candidate.params, **result.best_params})

@@ -1,8 +1,10 @@
 """The result store: SQLite in WAL mode, schema-versioned, every write committed at once.
 
-Core tables: ``runs``, ``candidates``, ``evaluations`` (each evaluation's full :class:`EvalRecord` as
-JSON plus indexed columns), ``reference_timings``. Other components add their own tables with
-:meth:`Store.ensure_table` and use :meth:`Store.execute` / :meth:`Store.query`.
+The tables, their version and migrations are :mod:`kfoundry.core.db.schema`; opening a store brings it
+to the current version. This class holds the connection and the core tables' repository methods
+(``runs``, ``candidates``, ``evaluations`` with each full :class:`EvalRecord` as JSON plus indexed
+columns, ``reference_timings``); the other tables' repositories are the modules of
+:mod:`kfoundry.core.db`, which use :meth:`Store.execute` / :meth:`Store.query`.
 
 Every statement runs in autocommit mode, so a process killed at any moment loses nothing that a
 method had already returned from. One :class:`Store` may be shared between threads.
@@ -10,12 +12,7 @@ method had already returned from. One :class:`Store` may be shared between threa
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import functools
 import json
-import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -25,114 +22,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from kfoundry.core.errors import KfError
+from kfoundry.core.db.lock import RunLock, describe_cause, first_error
+from kfoundry.core.db.schema import SCHEMA_VERSION, SchemaError, migrate, missing_columns
+from kfoundry.core.errors import StoreError
 from kfoundry.core.models import Candidate, EvalRecord, TimingStats
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = [
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS runs (
-        id TEXT PRIMARY KEY, created_at TEXT NOT NULL, problem TEXT NOT NULL DEFAULT '',
-        status TEXT NOT NULL DEFAULT 'running', config TEXT NOT NULL DEFAULT '{}',
-        summary TEXT NOT NULL DEFAULT '{}')""",
-    """CREATE TABLE IF NOT EXISTS candidates (
-        hash TEXT PRIMARY KEY, created_at TEXT NOT NULL, language TEXT NOT NULL, kind TEXT NOT NULL,
-        parent_id TEXT, generator TEXT NOT NULL, prompt_id TEXT, label TEXT NOT NULL DEFAULT '',
-        run_id TEXT, data TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS evaluations (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, eval_key TEXT NOT NULL, candidate_hash TEXT NOT NULL,
-        run_id TEXT, problem TEXT NOT NULL, backend TEXT NOT NULL, device TEXT NOT NULL,
-        outcome TEXT NOT NULL, speedup REAL, median_ms REAL, created_at TEXT NOT NULL,
-        record TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS evaluations_key ON evaluations (eval_key)",
-    "CREATE INDEX IF NOT EXISTS evaluations_run ON evaluations (run_id)",
-    "CREATE INDEX IF NOT EXISTS candidates_run ON candidates (run_id)",
-    """CREATE TABLE IF NOT EXISTS reference_timings (
-        key TEXT PRIMARY KEY, created_at TEXT NOT NULL, timing TEXT NOT NULL)""",
-]
-
-
-@functools.cache
-def _core_columns() -> dict[str, set[str]]:
-    """The columns of each core table, as the schema above creates them."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for ddl in _SCHEMA:
-            conn.execute(ddl)
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {t: {r[1] for r in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
-    finally:
-        conn.close()
-
-
-class StoreError(KfError):
-    """The store cannot be opened, locked, read or written (one line naming the path and the cause)."""
-
-
-def _cause(exc: BaseException, path: Path | None = None) -> str:
-    """An OS or SQLite error's cause in words (``disk full``, ``read-only``, ...), on one line.
-
-    SQLite says only "disk I/O error" for some of these; the file system of ``path`` then tells.
-    """
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    low = text.lower()
-    full = "disk is full" in low or getattr(exc, "errno", None) == errno.ENOSPC
-    readonly = (
-        "readonly" in low or "read-only" in low or getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES)
-    )
-    if not (full or readonly) and path is not None:
-        with contextlib.suppress(OSError):
-            fs = os.statvfs(path if path.is_dir() else path.parent)
-            readonly = bool(fs.f_flag & os.ST_RDONLY)
-            full = not readonly and fs.f_bavail * fs.f_frsize < 64 * 1024
-    if full:
-        return f"the disk is full ({text})"
-    if readonly:
-        return f"the folder is read-only or not writable ({text})"
-    return text
-
-
-def _first_error(exc: BaseException) -> str:
-    if isinstance(exc, ValidationError) and exc.errors():
-        err = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}"[:200]
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
-
+__all__ = ["SCHEMA_VERSION", "RunLock", "Store", "StoreError"]
 
 _M = TypeVar("_M", bound=BaseModel)
-
-
-class RunLock:
-    """An exclusive lock on a run folder (``flock`` on ``<store>.lock``): one writer at a time.
-
-    Released when closed or when the holding process ends, however it ends (``kill -9`` included).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StoreError(f"cannot lock {path}: {_cause(exc, path)}") from None
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(self._fd)
-            self._fd = None
-            raise StoreError(
-                f"{path.parent} is in use by another kf-run (pid {holder}): one writer per run folder; "
-                "wait for it to finish or stop it"
-            ) from None
-        with contextlib.suppress(OSError):  # who holds it, for the message above (informational)
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, str(os.getpid()).encode(), 0)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
 
 
 def _now() -> str:
@@ -158,7 +55,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(
-                f"cannot create the folder of store {self.path}: {_cause(exc, self.path)}"
+                f"cannot create the folder of store {self.path}: {describe_cause(exc, self.path)}"
             ) from None
         if self.path.parent.is_dir() is False:
             raise StoreError(f"cannot open store {self.path}: {self.path.parent} is not a folder")
@@ -170,7 +67,7 @@ class Store:
             )
         except (OSError, sqlite3.Error) as exc:
             self._release()
-            raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
+            raise StoreError(f"cannot open store {self.path}: {describe_cause(exc, self.path)}") from None
         try:
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -178,7 +75,7 @@ class Store:
         except (OSError, sqlite3.Error, UnicodeDecodeError) as exc:
             self._conn.close()  # a connection left open would keep SQLite's locks on the file
             self._release()
-            raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
+            raise StoreError(f"cannot open store {self.path}: {describe_cause(exc, self.path)}") from None
         self._lock = threading.RLock()
         try:
             self._migrate()
@@ -193,46 +90,33 @@ class Store:
             self._run_lock = None
 
     def _fail(self, exc: sqlite3.Error | UnicodeDecodeError, what: str) -> StoreError:
-        return StoreError(f"store {self.path}: cannot {what}: {_cause(exc, self.path)}")
+        return StoreError(f"store {self.path}: cannot {what}: {describe_cause(exc, self.path)}")
 
     # -- generic access ----------------------------------------------------------------------------
 
     def _migrate(self) -> None:
         try:
             with self._lock:
-                for ddl in _SCHEMA:
-                    self._conn.execute(ddl)
-                row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-                if row is None:
-                    self._conn.execute(
-                        "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                    )
-                elif int(row[0]) > SCHEMA_VERSION:
+                migrate(self._conn)
+                for table, lacking in missing_columns(self._conn).items():
                     raise StoreError(
-                        f"store {self.path} has schema {row[0]}, newer than this kfoundry ({SCHEMA_VERSION})"
+                        f"store {self.path} is damaged: table {table} lacks column(s) {', '.join(lacking)}"
                     )
-                for table, columns in _core_columns().items():
-                    have = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
-                    if not columns <= have:
-                        lacking = ", ".join(sorted(columns - have))
-                        raise StoreError(
-                            f"store {self.path} is damaged: table {table} lacks column(s) {lacking}"
-                        )
+        except SchemaError as exc:
+            raise StoreError(f"store {self.path} has {exc}") from None
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"cannot open store {self.path}: {_cause(exc, self.path)}") from None
+            raise StoreError(f"cannot open store {self.path}: {describe_cause(exc, self.path)}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"store {self.path} is not a kfoundry store: {exc}") from None
         except UnicodeDecodeError as exc:
-            raise StoreError(f"store {self.path} is damaged: {_cause(exc, self.path)}") from None
-        except ValueError as exc:  # a schema_version that is not a number
-            raise StoreError(f"store {self.path} has an unreadable schema version: {exc}") from None
+            raise StoreError(f"store {self.path} is damaged: {describe_cause(exc, self.path)}") from None
 
     @property
     def schema_version(self) -> int:
         return int(self.query("SELECT value FROM meta WHERE key='schema_version'")[0]["value"])
 
     def ensure_table(self, ddl: str) -> None:
-        """Run a ``CREATE TABLE IF NOT EXISTS`` / ``CREATE INDEX IF NOT EXISTS`` statement."""
+        """A plugin's own table or index (``CREATE ... IF NOT EXISTS``); kfoundry's are all in the schema."""
         if "IF NOT EXISTS" not in ddl.upper():
             raise StoreError("ensure_table needs a CREATE ... IF NOT EXISTS statement")
         self.execute(ddl)
@@ -280,14 +164,14 @@ class Store:
         try:
             return model.model_validate_json(text)
         except (ValidationError, ValueError, TypeError, RecursionError) as exc:
-            raise StoreError(f"store {self.path}: {where} is unreadable: {_first_error(exc)}") from None
+            raise StoreError(f"store {self.path}: {where} is unreadable: {first_error(exc)}") from None
 
     def decode_json(self, text: Any, where: str) -> Any:
         """A stored JSON column as data; an unreadable one is one :class:`StoreError` line naming it."""
         try:
             return json.loads(text)
         except (ValueError, TypeError, RecursionError) as exc:
-            raise StoreError(f"store {self.path}: {where} is unreadable: {_first_error(exc)}") from None
+            raise StoreError(f"store {self.path}: {where} is unreadable: {first_error(exc)}") from None
 
     def close(self) -> None:
         with self._lock:

@@ -4,12 +4,11 @@
 full evaluation (compile, correctness, timing) through the :class:`Evaluator`; anything but a correct
 result is reported to the tuner as invalid. Device limits prune the space before anything is
 compiled. Every trial can be recorded to a Kernel Tuner cache file, exported as T4, and is written
-to the run's store (table ``tuner_trials``).
+to the run's store (table ``tuner_trials``, through :mod:`kfoundry.core.db.tuning`).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 
 from kfoundry.core import warm_start
 from kfoundry.core.config import TunerConfig, build_plugin
+from kfoundry.core.db import tuning as tuning_db
 from kfoundry.core.errors import KfError
 from kfoundry.core.models import Candidate, DeviceProfile, EvalRecord, Outcome, TunableSpace, TuningResult
 from kfoundry.core.plugins import PluginManager
@@ -33,11 +33,6 @@ _INVALIDITY: dict[Outcome, Invalidity] = {
     Outcome.mismatch: "correctness",
     Outcome.rejected: "constraints",
 }
-
-TRIALS_DDL = """CREATE TABLE IF NOT EXISTS tuner_trials (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, tuning_id TEXT, candidate_hash TEXT,
-    tuner TEXT, idx INTEGER, params TEXT, time_ms REAL, invalidity TEXT, message TEXT, seeded INTEGER
-)"""
 
 
 class TuningError(KfError):
@@ -311,14 +306,9 @@ def _store_trial(evaluator: EvaluatorLike, tuning_id: str, candidate_hash: str, 
     store = getattr(evaluator, "store", None)
     if store is None:
         return
-    store.ensure_table(TRIALS_DDL)
-    store.execute(
-        "INSERT INTO tuner_trials (run_id, tuning_id, candidate_hash, tuner, idx, params, time_ms, invalidity,"
-        " message, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            getattr(evaluator, "run_id", None), tuning_id, candidate_hash, tuner, trial.index,
-            json.dumps(trial.config), trial.value,
-            trial.measurement.invalidity if trial.value is None else "correct",
-            trial.measurement.message[:500], int(trial.seeded),
-        ),
-    )
+    tuning_db.insert_trial(
+        store, getattr(evaluator, "run_id", None), tuning_id, candidate_hash, tuner, index=trial.index,
+        params=trial.config, time_ms=trial.value,
+        invalidity=trial.measurement.invalidity if trial.value is None else "correct",
+        message=trial.measurement.message, seeded=trial.seeded,
+    )  # fmt: skip

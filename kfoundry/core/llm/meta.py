@@ -9,7 +9,6 @@ pitfalls section, and the meta-model sees the counts when it rewrites pitfalls.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import threading
@@ -17,18 +16,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kfoundry.core.db import llm as llm_db
 from kfoundry.core.llm.parsing import ParseFailure, apply_diff, code_blocks, diff_blocks
 from kfoundry.core.llm.prompts import PromptBuilder
-from kfoundry.core.llm.recording import SqlStore
 from kfoundry.core.llm.sections import DEFAULT_SECTIONS
 from kfoundry.core.models import EvalRecord, Outcome, stable_hash
+from kfoundry.core.store import Store
 
 if TYPE_CHECKING:
     from kfoundry.core.llm.provider import LLMProvider
-
-_DDL = """CREATE TABLE IF NOT EXISTS prompts (
-    id TEXT PRIMARY KEY, run_id TEXT, parent_id TEXT, generation INTEGER NOT NULL, section TEXT,
-    sections TEXT NOT NULL, uses INTEGER NOT NULL, best_fitness REAL, outcomes TEXT NOT NULL)"""
 
 #: Outcomes whose messages feed the pitfalls section.
 LEARN_FROM = {
@@ -131,7 +127,7 @@ class PromptArchive:
     def __init__(
         self,
         seed: int = 0,
-        store: SqlStore | None = None,
+        store: Store | None = None,
         run_id: str | None = None,
         explore: float = 0.2,
         min_uses: int = 2,
@@ -144,23 +140,21 @@ class PromptArchive:
         self.errors = ErrorPatterns()
         self._lock = threading.Lock()
         if store is not None:
-            store.ensure_table(_DDL)
             self._reload()
         self.add(PromptVariant(dict(base or DEFAULT_SECTIONS)))
 
     def _reload(self) -> None:
         """Variants a resumed run had already made, with their counts and fitness."""
         assert self.store is not None
-        rows = self.store.query("SELECT * FROM prompts WHERE run_id=? ORDER BY rowid", (self.run_id,))
-        for r in rows:
+        for r in llm_db.prompt_variants(self.store, self.run_id):
             v = PromptVariant(
-                json.loads(r["sections"]),
+                r["sections"],
                 parent_id=r["parent_id"],
                 generation=r["generation"],
                 section=r["section"],
                 uses=r["uses"],
                 best_fitness=r["best_fitness"],
-                outcomes=Counter(json.loads(r["outcomes"])),
+                outcomes=Counter(r["outcomes"]),
             )
             self.variants[v.id] = v
 
@@ -214,21 +208,17 @@ class PromptArchive:
     def _save(self, v: PromptVariant) -> None:
         if self.store is None:
             return
-        self.store.execute(
-            """INSERT INTO prompts (id, run_id, parent_id, generation, section, sections, uses, best_fitness, outcomes)
-               VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET uses=excluded.uses,
-               best_fitness=excluded.best_fitness, outcomes=excluded.outcomes""",
-            (
-                v.id,
-                self.run_id,
-                v.parent_id,
-                v.generation,
-                v.section,
-                json.dumps(v.sections),
-                v.uses,
-                v.best_fitness,
-                json.dumps(dict(v.outcomes)),
-            ),
+        llm_db.save_prompt_variant(
+            self.store,
+            self.run_id,
+            v.id,
+            parent_id=v.parent_id,
+            generation=v.generation,
+            section=v.section,
+            sections=v.sections,
+            uses=v.uses,
+            best_fitness=v.best_fitness,
+            outcomes=dict(v.outcomes),
         )
 
 

@@ -1,6 +1,6 @@
 """Every language-model call, recorded: prompt, response, tokens, cost, latency and errors.
 
-Calls go to the run's store (table ``llm_calls``) and to an append-only JSON-lines file (the
+Calls go to the run's store (table ``llm_calls``, through :mod:`kfoundry.core.db.llm`) and to an append-only JSON-lines file (the
 ``recording`` a ``replay`` provider serves from). API keys never reach either: only the prompt and
 the reply text are kept. Each call carries a *request key*: a hash of what was asked (member, kind
 and the request's structure, not measured times) plus an occurrence count, which is what replay
@@ -9,17 +9,18 @@ looks calls up by.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from kfoundry.core.db import llm as llm_db
 from kfoundry.core.generator import GenerationRequest
 from kfoundry.core.models import Proposal, stable_hash
+from kfoundry.core.store import Store
 
 CallKind = Literal["generate", "rank", "meta"]
 #: ``transient`` (retries ran out), ``timeout`` (the last attempt timed out), ``refused`` (this
@@ -29,27 +30,6 @@ CallKind = Literal["generate", "rank", "meta"]
 ErrorKind = Literal["transient", "timeout", "refused", "context", "unreachable", "fatal", "budget"]
 #: Calls that do not count as asked: a resumed run (and a replay) asks them again.
 NOT_ASKED = ("budget", "unreachable")
-
-_DDL = [
-    """CREATE TABLE IF NOT EXISTS llm_calls (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, seq INTEGER NOT NULL, member TEXT NOT NULL,
-        provider TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL, request_key TEXT NOT NULL,
-        occurrence INTEGER NOT NULL, prompt_hash TEXT NOT NULL, system TEXT NOT NULL, prompt TEXT NOT NULL,
-        response TEXT, tokens_in INTEGER NOT NULL, tokens_out INTEGER NOT NULL, cost_usd REAL NOT NULL,
-        latency_s REAL NOT NULL, attempts INTEGER NOT NULL, error TEXT, error_kind TEXT, generation INTEGER,
-        created_at TEXT NOT NULL, data TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS llm_calls_run ON llm_calls (run_id)",
-]
-
-
-class SqlStore(Protocol):
-    """What the recorder needs of :class:`kfoundry.core.store.Store`."""
-
-    def ensure_table(self, ddl: str) -> None: ...
-
-    def execute(self, sql: str, params: Any = ()) -> int: ...
-
-    def query(self, sql: str, params: Any = ()) -> list[Any]: ...
 
 
 class CallRecord(BaseModel):
@@ -119,7 +99,7 @@ class Recorder:
     """Writes :class:`CallRecord` rows to the store and/or a JSON-lines file; thread-safe."""
 
     def __init__(
-        self, store: SqlStore | None = None, path: str | Path | None = None, run_id: str | None = None
+        self, store: Store | None = None, path: str | Path | None = None, run_id: str | None = None
     ) -> None:
         self.store = store
         self.path = Path(path) if path else None
@@ -127,9 +107,6 @@ class Recorder:
         self._lock = threading.Lock()
         self._seq = 0
         self._occurrences: Counter[tuple[str, str]] = Counter()
-        if store is not None:
-            for ddl in _DDL:
-                store.ensure_table(ddl)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         #: Calls this run made before (a resumed run continues its numbering, counts and budget).
@@ -142,12 +119,8 @@ class Recorder:
     def _previous_calls(self) -> list[CallRecord]:
         if self.store is None or self.run_id is None:
             return []
-        rows = self.store.query(
-            "SELECT member, provider, model, kind, request_key, occurrence, prompt_hash, seq, tokens_in, tokens_out, "
-            "cost_usd, error_kind FROM llm_calls WHERE run_id=? ORDER BY seq",
-            (self.run_id,),
-        )
-        return [CallRecord(system="", prompt="", **dict(r)) for r in rows]
+        rows = llm_db.previous_calls(self.store, self.run_id)
+        return [CallRecord(system="", prompt="", **r) for r in rows]
 
     def occurrence(self, member: str, key: str) -> int:
         """How many calls with this key this member made before (0 for the first); counts this one."""
@@ -171,42 +144,7 @@ class Recorder:
                 with self.path.open("a", encoding="utf-8") as fh:
                     fh.write(call.model_dump_json() + "\n")
             if self.store is not None:
-                self.store.execute(
-                    """INSERT INTO llm_calls (run_id, seq, member, provider, model, kind, request_key, occurrence,
-                       prompt_hash, system, prompt, response, tokens_in, tokens_out, cost_usd, latency_s, attempts,
-                       error, error_kind, generation, created_at, data)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-                    (
-                        call.run_id,
-                        call.seq,
-                        call.member,
-                        call.provider,
-                        call.model,
-                        call.kind,
-                        call.request_key,
-                        call.occurrence,
-                        call.prompt_hash,
-                        call.system,
-                        call.prompt,
-                        call.response,
-                        call.tokens_in,
-                        call.tokens_out,
-                        call.cost_usd,
-                        call.latency_s,
-                        call.attempts,
-                        call.error,
-                        call.error_kind,
-                        call.generation,
-                        call.created_at,
-                        json.dumps(
-                            {
-                                "max_tokens": call.max_tokens,
-                                "price_in": call.price_in,
-                                "price_out": call.price_out,
-                            }
-                        ),
-                    ),
-                )
+                llm_db.insert_call(self.store, call)
             return call
 
 
@@ -220,21 +158,7 @@ def load_recording(source: str | Path) -> list[CallRecord]:
 
         raise ConfigError(f"replay: no recording at {path}")
     if path.suffix in (".sqlite", ".db", ".sqlite3"):
-        import sqlite3
-
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        conn.row_factory = sqlite3.Row
-        try:
-            rows = conn.execute("SELECT * FROM llm_calls ORDER BY id").fetchall()
-        finally:
-            conn.close()
-        calls = []
-        for row in rows:
-            data = dict(row)
-            extra = json.loads(data.pop("data") or "{}")
-            data.pop("id", None)
-            calls.append(CallRecord.model_validate({**data, **extra}))
-        return calls
+        return [CallRecord.model_validate(call) for call in llm_db.read_calls(path)]
     return [CallRecord.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -1,43 +1,27 @@
-"""Ensembles of generators: ``sample`` (weighted choice), ``bandit`` (UCB on fitness gain per unit
-cost) and ``vote`` (every member proposes ``ceil(n / members)``, every member ranks the pool, a
-Borda count keeps ``min(n, keep)``, so device time goes to what the ensemble agrees on).
-
-:func:`build_ensemble` turns ``config.llms`` into one :class:`Ensemble` (itself a ``Generator``)
-sharing one cost ledger (the run's token and money caps), one recorder (every call to the store
-and ``llm_calls.jsonl``), a prompt archive with meta-prompting, and a novelty filter. The ensemble
-learns from results through :meth:`Ensemble.observe` and :meth:`Ensemble.end_generation`; it also
-registers itself for the ``kf_candidate_evaluated`` / ``kf_generation_finished`` hooks, so a loop
-that calls those hooks needs nothing else. Once the LLM caps are reached it proposes nothing more
-and says why in :attr:`Ensemble.stop_reason`.
-"""
+"""The :class:`Ensemble` generator: its members, their selection (weighted, UCB bandit, vote) and
+what it learns from results; see :mod:`kfoundry.core.ensemble`."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kfoundry import hookimpl
-from kfoundry.core.config import RunConfig
+from kfoundry.core.db import llm as llm_db
+from kfoundry.core.ensemble.observer import EnsembleObserver
 from kfoundry.core.generator import GenerationRequest, Generator, GeneratorUnsupported
 from kfoundry.core.llm.cost import CostLedger, LLMBudgetExhausted
 from kfoundry.core.llm.meta import MetaPrompter, PromptArchive
 from kfoundry.core.llm.novelty import NoveltyFilter
-from kfoundry.core.llm.provider import LLMProvider, ModelUnreachable, ProviderOptions
-from kfoundry.core.llm.recording import RECORDING_NAME, Recorder, SqlStore
+from kfoundry.core.llm.provider import LLMProvider, ModelUnreachable
+from kfoundry.core.llm.recording import Recorder
 from kfoundry.core.models import Candidate, EvalRecord, Proposal
-from kfoundry.core.payloads import GenerationSummary, RunSummary
-from kfoundry.core.plugins import PluginManager, get_plugin_manager
-
-_VOTES_DDL = """CREATE TABLE IF NOT EXISTS llm_votes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, generation INTEGER NOT NULL, proposals TEXT NOT NULL,
-    scores TEXT NOT NULL, points TEXT NOT NULL, kept TEXT NOT NULL)"""
+from kfoundry.core.plugins import PluginManager
+from kfoundry.core.store import Store
 
 #: Cost charged to a free generator's proposal in bandit mode (so gain per cost stays finite).
 FREE_COST = 1e-4
@@ -103,6 +87,8 @@ class Ensemble(Generator):
         meta: MetaPrompter | None = None,
         novelty: NoveltyFilter | None = None,
         ucb_c: float = 1.0,
+        store: Store | None = None,
+        run_id: str | None = None,
     ) -> None:
         if not members:
             raise ValueError("an ensemble needs at least one member")
@@ -111,6 +97,8 @@ class Ensemble(Generator):
         self.ledger = ledger or CostLedger()
         self.recorder, self.prompts, self.meta, self.novelty = recorder, prompts, meta, novelty
         self.ucb_c = ucb_c
+        #: Where the votes go (``llm_votes``) and under which run.
+        self.store, self.run_id = store, run_id
         self.exhausted = False
         #: Why the ensemble stopped proposing ("" while it still can).
         self.stop_reason = ""
@@ -273,26 +261,13 @@ class Ensemble(Generator):
         points: list[float],
         kept: list[int],
     ) -> None:
-        vote = {
-            "generation": request.generation,
-            "proposals": [[p.generator, p.candidate.content_hash if p.candidate else None] for p in valid],
-            "scores": {m.name: s for m, s in zip(self.members, scores, strict=True)} if scores else {},
-            "points": points,
-            "kept": kept,
-        }
+        proposed = [[p.generator, p.candidate.content_hash if p.candidate else None] for p in valid]
+        by_member = {m.name: s for m, s in zip(self.members, scores, strict=True)} if scores else {}
+        vote = {"generation": request.generation, "proposals": proposed, "scores": by_member, "points": points,
+                "kept": kept}  # fmt: skip
         self.votes.append(vote)
-        if self.recorder is not None and self.recorder.store is not None:
-            self.recorder.store.execute(
-                "INSERT INTO llm_votes (run_id, generation, proposals, scores, points, kept) VALUES (?,?,?,?,?,?)",
-                (
-                    self.recorder.run_id,
-                    request.generation,
-                    json.dumps(vote["proposals"]),
-                    json.dumps(vote["scores"]),
-                    json.dumps(points),
-                    json.dumps(kept),
-                ),
-            )
+        if self.store is not None:
+            llm_db.insert_vote(self.store, self.run_id, request.generation, proposed, by_member, points, kept)
 
     # -- prompts and novelty ------------------------------------------------------------------------
 
@@ -367,144 +342,10 @@ class Ensemble(Generator):
     def attach(self, manager: PluginManager) -> None:
         """Observe evaluations and generations through the lifecycle hooks of ``manager``."""
         name = f"kfoundry-ensemble-{id(self):x}"
-        manager.add_plugin(_Observer(self, manager, name), name, package="kfoundry", version="")
+        manager.add_plugin(EnsembleObserver(self, manager, name), name, package="kfoundry", version="")
         self._observer_name, self._manager = name, manager
 
     def detach(self) -> None:
         if self._manager is not None and self._observer_name is not None:
             self._manager.remove_plugin(self._observer_name)
             self._observer_name = None
-
-
-class _Observer:
-    """Pluggy plugin forwarding lifecycle hooks to an :class:`Ensemble`."""
-
-    def __init__(self, ensemble: Ensemble, manager: PluginManager, name: str) -> None:
-        self.ensemble, self.manager, self.name = ensemble, manager, name
-
-    @hookimpl
-    def kf_candidate_evaluated(self, candidate: Candidate, record: EvalRecord) -> None:
-        self.ensemble.observe(candidate, record)
-
-    @hookimpl
-    def kf_generation_finished(self, run_id: str, generation: int, summary: GenerationSummary) -> None:
-        self.ensemble.end_generation(generation)
-        summary.extra.setdefault("llm", self.ensemble.usage())
-
-    @hookimpl
-    def kf_run_finished(self, run_id: str, summary: RunSummary) -> None:
-        summary.extra.setdefault("llm", self.ensemble.usage())
-        self.ensemble.detach()
-
-
-def _member_names(config: RunConfig) -> list[str]:
-    names: list[str] = []
-    for choice in config.llms:
-        base = f"{choice.name}:{choice.model}" if choice.model else choice.name
-        name, k = base, 2
-        while name in names:
-            name, k = f"{base}#{k}", k + 1
-        names.append(name)
-    return names
-
-
-def build_ensemble(
-    config: RunConfig,
-    store: SqlStore | None = None,
-    *,
-    manager: PluginManager | None = None,
-    run_id: str | None = None,
-    run_dir: str | Path | None = None,
-    language: str = "opencl",
-    attach: bool = True,
-) -> Ensemble:
-    """The run's generator: every ``config.llms`` member behind one ensemble.
-
-    ``run_dir`` (default: the store's folder) receives ``llm_calls.jsonl``, the recording that
-    ``replay`` serves from; ``attach`` registers the ensemble for the lifecycle hooks.
-    """
-    manager = manager or get_plugin_manager()
-    if run_dir is None and store is not None and getattr(store, "path", None) is not None:
-        run_dir = Path(store.path).parent  # type: ignore[attr-defined]
-    ledger = CostLedger(max_tokens=config.budget.llm_tokens, max_cost_usd=config.budget.llm_cost_usd)
-    recorder = Recorder(store, Path(run_dir) / RECORDING_NAME if run_dir else None, run_id)
-    for call in recorder.previous:  # a resumed run: what was spent before counts against the caps
-        if call.error_kind != "budget" and (call.tokens_in or call.tokens_out):
-            ledger.add(call.member, call.tokens_in, call.tokens_out, call.cost_usd)
-        elif call.error_kind not in (None, "budget"):  # and its failed calls count in the summary
-            ledger.fail(call.member, call.error_kind)
-    members: list[Member] = []
-    for choice, name in zip(config.llms, _member_names(config), strict=True):
-        generator = manager.get("llm", choice.name).build(choice.options)
-        if isinstance(generator, LLMProvider):
-            generator.configure(model=choice.model, name=name, ledger=ledger, recorder=recorder)
-            generator.api_key()  # fail now, in one line, if the key's variable is not set
-            name = generator.name
-        else:
-            generator.name = name
-        members.append(Member(generator, name, choice.weight))
-    llm_members = [m for m in members if m.is_llm]
-    prompts = PromptArchive(seed=config.seed, store=store, run_id=run_id) if llm_members else None
-    meta = None
-    ens = config.ensemble
-    if prompts is not None and ens.meta_every > 0:
-        chosen = members[ens.meta_llm] if ens.meta_llm < len(members) else llm_members[0]
-        model = chosen if chosen.is_llm else llm_members[0]
-        assert isinstance(model.generator, LLMProvider)
-        meta = MetaPrompter(model.generator, prompts, ens.meta_every, language=language)
-    if store is not None:
-        store.ensure_table(_VOTES_DDL)
-    ensemble = Ensemble(
-        members,
-        mode=ens.mode,
-        keep=ens.keep,
-        seed=config.seed,
-        ledger=ledger,
-        recorder=recorder,
-        prompts=prompts,
-        meta=meta,
-        novelty=NoveltyFilter() if ens.novelty else None,
-    )
-    if store is not None and run_id is not None and hasattr(store, "list_candidates"):
-        _catch_up(ensemble, store, run_id)
-    if attach:
-        ensemble.attach(manager)
-    return ensemble
-
-
-def _catch_up(ensemble: Ensemble, store: Any, run_id: str) -> None:
-    """A resumed run: remember what was already proposed (novelty) and which failures recur (pitfalls)."""
-    if ensemble.novelty is not None:
-        for c in store.list_candidates(run_id):
-            ensemble.novelty.add(c.source, dict(c.params))
-    if ensemble.prompts is not None:
-        for record in store.evaluations(run_id=run_id):
-            ensemble.prompts.errors.add(record)
-
-
-def replay_config(
-    config: RunConfig, recording: str | Path, manager: PluginManager | None = None, on_miss: str = "error"
-) -> RunConfig:
-    """``config`` with every language-model member replaced by a ``replay`` of its recorded calls."""
-    manager = manager or get_plugin_manager()
-    llms = []
-    for choice, name in zip(config.llms, _member_names(config), strict=True):
-        factory = manager.get("llm", choice.name).factory
-        if isinstance(factory, type) and issubclass(factory, LLMProvider) and choice.name != "replay":
-            llms.append(
-                {
-                    "name": "replay",
-                    "model": choice.model,
-                    "weight": choice.weight,
-                    "options": {
-                        "recording": str(recording), "member": name, "on_miss": on_miss,
-                        # requests split and sent as in the recorded run, so they have the same keys
-                        "concurrency": dict(choice.options).get(
-                            "concurrency", ProviderOptions.model_fields["concurrency"].default
-                        ),
-                    },
-                }
-            )
-        else:
-            llms.append(choice.model_dump())
-    return config.model_copy(update={"llms": [type(config.llms[0]).model_validate(x) for x in llms]})
