@@ -34,6 +34,15 @@ def _gpu_count() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
+def _interpreted_library() -> bool:
+    """Whether Triton's own ``@jit`` library functions (``tl.max``, ``tl.sum``...) are interpreted ones:
+    they are decorated once, when ``triton.language`` is first imported."""
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(getattr(standard, "max", None), InterpretedFunction)
+
+
 class _LaunchCounter:
     """Counts Triton kernel launches in this process (interpreted and compiled)."""
 
@@ -152,6 +161,11 @@ class TritonBackend(Backend):
         chosen = super().select_device(spec)
         if not self.interpret:
             self.torch_device = f"cuda:{chosen.index}"
+        elif not _interpreted_library():
+            raise BackendUnavailable(
+                "backend triton: triton was imported before TRITON_INTERPRET=1 was set, so its library "
+                "functions are compiled ones; set TRITON_INTERPRET=1 in the environment"
+            )
         _LaunchCounter.install(self.interpret)
         return chosen
 
