@@ -16,6 +16,7 @@ device's and the host's memory. Every malformed file is one :class:`ProblemError
 from __future__ import annotations
 
 import contextlib
+import linecache
 import math
 import os
 import sys
@@ -161,6 +162,9 @@ class Problem:
             raise CandidateBuildError(f"candidate line {exc.lineno}: syntax error: {exc.msg}") from None
         # registered so that what looks a class's module up (dataclasses, pickle, typing) finds it
         sys.modules[module.__name__] = module
+        # and its text, for inspect.getsource (Triton's @triton.jit reads its kernels' source)
+        lines = candidate.source.splitlines(True)
+        linecache.cache["<candidate>"] = (len(candidate.source), None, lines, "<candidate>")
         exec(code, module.__dict__)
         namespace = module.__dict__
         cls = namespace.get("ModelNew")
