@@ -25,11 +25,11 @@ from kfoundry.core.errors import KfError
 from kfoundry.core.models import DEFAULT_LANGUAGE
 from kfoundry.core.plugins import PluginManager, PluginWarning, get_plugin_manager
 
-_NAME = re.compile(r"[a-z][a-z0-9_+-]{0,31}")
 __all__ = [
     "DEFAULT_LANGUAGE",
     "LanguageSpec",
     "UnknownLanguage",
+    "allowed_imports",
     "check_language",
     "export_suffix",
     "fence_names",
@@ -37,6 +37,8 @@ __all__ = [
     "known_languages",
     "language_for_suffix",
 ]
+
+_NAME = re.compile(r"[a-z][a-z0-9_+-]{0,31}")
 _SUFFIX = re.compile(r"\.[A-Za-z0-9_+-]{1,16}")
 _warned: set[str] = set()
 
@@ -72,6 +74,8 @@ class LanguageSpec:
             )
         if self.candidate_kind not in ("native", "python"):
             raise KfError(f"language {self.name}: candidate_kind must be 'native' or 'python'")
+        # what `kf-run plugins` and docs/config.md show for the registered name (the factory's doc)
+        object.__setattr__(self, "__doc__", self.description or f"the {self.name} kernel language")
 
     def __call__(self, _options: Any = None) -> LanguageSpec:
         """A spec is its own registry factory."""
@@ -135,6 +139,14 @@ def export_suffix(name: str, manager: PluginManager | None = None) -> str:
 def fence_names(manager: PluginManager | None = None) -> set[str]:
     """Every code-fence name some registered language claims (lower case)."""
     return {fence.lower() for spec in _specs(manager).values() for fence in spec.fences}
+
+
+def allowed_imports(name: str, manager: PluginManager | None = None) -> set[str]:
+    """Modules a Python candidate in language ``name`` may import beyond the default set (none if unknown)."""
+    try:
+        return set(get_language(name, manager).allowed_imports)
+    except UnknownLanguage:
+        return set()
 
 
 def check_language(name: object, where: str, manager: PluginManager | None = None) -> str:

@@ -285,6 +285,10 @@ def kf_register_languages(register: Any) -> None:
     from kfoundry.core.languages import LanguageSpec
 
     spec = LanguageSpec(
-        name="cuda", suffixes=(".cu",), fences=("cuda", "cu", "c++", "cpp"), description="CUDA C++ kernels"
+        name="cuda",
+        suffixes=(".cu",),
+        fences=("cuda", "cu", "c++", "cpp"),
+        description="CUDA C++ kernels",
+        allowed_imports=("torch.utils.cpp_extension",),  # KernelBench-style load_inline extensions
     )
     register(spec.name, spec)
