@@ -2,7 +2,9 @@
 
 The package's ``table.json`` lists entries (backend, device, input shapes and dtypes → kernel file and
 parameters). A call is checked before anything launches: the active backend, the inputs' device,
-their shapes and dtypes must match an entry exactly; then that entry's kernel (built once per entry)
+their shapes and dtypes must match an entry; then that entry's kernel (built once per entry) runs.
+Shapes match an entry exactly, or else fall in the ``input_ranges`` of shape-generic entries (checked
+at export against the reference at probe shapes): of those, the one tuned nearest the call's shapes
 runs. Anything the table does not cover runs the PyTorch reference instead, with one warning per
 kind of miss. Needs torch and kfoundry (for ``kfoundry.runtime.load`` and the problem loader).
 """
@@ -10,6 +12,7 @@ kind of miss. Needs torch and kfoundry (for ``kfoundry.runtime.load`` and the pr
 from __future__ import annotations
 
 import json
+import math
 import threading
 import warnings
 from pathlib import Path
@@ -62,6 +65,7 @@ class Dispatcher:
         """The index of the entry that covers this call, or None and why not."""
         shapes, dtypes, devices = _describe(inputs)
         candidates = [i for i, e in enumerate(self.entries) if e["input_shapes"] == shapes]
+        candidates = candidates or self.in_range(shapes)
         if not candidates:
             return None, f"no kernel for input shapes {shapes}"
         candidates = [i for i in candidates if e_dtypes(self.entries[i]) == dtypes]
@@ -69,7 +73,8 @@ class Dispatcher:
             return None, f"no kernel for dtypes {dtypes} at shapes {shapes}"
         try:
             backend = self._backend()
-            device_key = backend.select_device(None).key if hasattr(backend, "select_device") else ""
+            # the device in use (selecting one again would close the context the kernels were built in)
+            device_key = backend.require_device().key if hasattr(backend, "require_device") else ""
         except Exception as exc:  # no device of the backend here
             return None, f"backend unavailable: {type(exc).__name__}: {exc}"
         torch_device = str(getattr(backend, "torch_device", "cpu")).split(":")[0]
@@ -91,6 +96,11 @@ class Dispatcher:
             f"{self.entries[chosen]['device']}, running it on {device_key}",
         )
         return chosen, ""
+
+    def in_range(self, shapes: list[list[int]]) -> list[int]:
+        """Shape-generic entries whose ranges hold ``shapes``, the one tuned nearest them first."""
+        hits = [i for i, e in enumerate(self.entries) if covers(e.get("input_ranges"), shapes)]
+        return sorted(hits, key=lambda i: _distance(self.entries[i]["input_shapes"], shapes))
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -142,6 +152,25 @@ class Dispatcher:
         out = self._model(index)(*inputs)
         synchronize()
         return out
+
+
+def covers(ranges: list[list[list[int]]] | None, shapes: list[list[int]]) -> bool:
+    """Whether every input dimension of ``shapes`` lies in ``ranges`` (per input, per dimension
+    ``[lo, hi]``); None (an entry for its own shapes only) covers nothing."""
+    if ranges is None or len(ranges) != len(shapes):
+        return False
+    return all(
+        len(r) == len(s) and all(lo <= d <= hi for (lo, hi), d in zip(r, s, strict=True))
+        for r, s in zip(ranges, shapes, strict=True)
+    )
+
+
+def _distance(a: list[list[int]], b: list[list[int]]) -> float:
+    return sum(
+        abs(math.log(max(x, 1) / max(y, 1)))
+        for ra, rb in zip(a, b, strict=True)
+        for x, y in zip(ra, rb, strict=True)
+    )
 
 
 def e_dtypes(entry: dict[str, Any]) -> list[str]:

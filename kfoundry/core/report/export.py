@@ -280,6 +280,12 @@ def export_run(
             table["rejected"].append({**e, "reason": why})
         table["entries"] = [e for i, e in enumerate(entries) if i not in failed]
         (to / TABLE_FILE).write_text(json.dumps(table, indent=2))
+        from kfoundry.core.report.ranges import add_ranges  # shape-generic entries cover a range
+
+        add_ranges(
+            to, table["entries"], run.shape_sets, atol=ev.get("atol") or 1e-4, rtol=ev.get("rtol") or 1e-4
+        )
+        (to / TABLE_FILE).write_text(json.dumps(table, indent=2))
     (to / PERF_FILE).write_text(json.dumps(_perf(run), indent=2))
     func = _identifier(run.problem)
     func = func if func.isidentifier() and func not in {"Kernel", "dispatcher"} else "run"
