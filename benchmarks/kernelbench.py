@@ -79,6 +79,41 @@ def _fp32_gflops(device: torch.device, timer: Callable[[Callable[[], Any], int],
     return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
+def _notes(row: dict[str, Any]) -> str:
+    """The recipes that were wrong or failed, for the table's recipe column."""
+    parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed") if k in row]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _run_recipe(
+    recipe: Any,
+    problem: Any,
+    inputs: list[Any],
+    expected: torch.Tensor,
+    device: torch.device,
+    timer: Callable[[Callable[[], Any], int], float],
+    budget_s: float,
+    load: Any,
+) -> tuple[float | None, float]:
+    """(median ms, 0) of ``recipe`` at its defaults if it matches the eager output, else (None, max error)."""
+    from kfoundry.runtime import synchronize
+
+    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs()).to(device)
+    with torch.no_grad():
+        got = model(*inputs)
+        synchronize()  # launches are asynchronous
+        ok = got.shape == expected.shape and torch.allclose(
+            got.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=True
+        )
+        if not ok:
+            err = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else -1.0
+            return None, err
+        return _time(lambda m=model, x=inputs: m(*x), timer, budget_s), 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cuda", choices=["cuda", "opencl"])
@@ -93,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from kfoundry.core.plugins import get_plugin
     from kfoundry.core.problem import load_problem
     from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-    from kfoundry.runtime import load, set_backend, synchronize
+    from kfoundry.runtime import load, set_backend
 
     backend = get_plugin("backend", args.backend).build({})
     backend.require_device()
@@ -132,31 +167,21 @@ def main(argv: list[str] | None = None) -> int:
                     row["compile_error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
             times: dict[str, float] = {}
             for recipe in recipes:
-                namespace: dict[str, Any] = {
-                    "PARAMS": dict(recipe.defaults),
-                    "__name__": "kf_candidate",
-                    "load": load,
-                }
-                exec(compile(recipe.render(), recipe.name, "exec"), namespace)
-                torch.manual_seed(0)
-                model = namespace["ModelNew"](*problem.make_init_inputs()).to(device)
-                with torch.no_grad():
-                    got = model(*inputs)
-                    synchronize()  # launches are asynchronous
-                    ok = got.shape == expected.shape and torch.allclose(
-                        got.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=True
+                try:
+                    ms, err = _run_recipe(
+                        recipe, problem, inputs, expected, device, timer, args.budget_s, load
                     )
-                    if not ok:
-                        err = (
-                            (got.float() - expected.float()).abs().max().item()
-                            if got.shape == expected.shape
-                            else -1
-                        )
-                        row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
-                    else:
-                        times[recipe.name] = _time(lambda m=model, x=inputs: m(*x), timer, args.budget_s)
+                except Exception as exc:  # a recipe that fails to build or launch loses only itself
+                    row.setdefault("failed", []).append(
+                        f"{recipe.name} ({type(exc).__name__}: {str(exc)[:80]})"
+                    )
+                    continue
+                if ms is None:
+                    row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
+                else:
+                    times[recipe.name] = ms
             if not times:
-                raise RuntimeError("no recipe was correct")
+                raise RuntimeError(f"no recipe was correct{_notes(row)}")
             best = min(times, key=lambda n: times[n])
             naive = min(recipes, key=lambda r: r.rank).name
             a = problem.analysis()
@@ -168,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                 x_compile=compiled_ms / times[best],
                 x_naive=times.get(naive, math.nan) / times[best],
                 roofline=roof_ms / times[best],
+                times=times,
             )
             print(
-                f"| {key} | {best}{' (wrong: ' + ', '.join(row['wrong']) + ')' if 'wrong' in row else ''} | {row['ms']:.4f} | {row['x_eager']:.2f} | {row['x_compile']:.2f} | "
+                f"| {key} | {best}{_notes(row)} | {row['ms']:.4f} | {row['x_eager']:.2f} | {row['x_compile']:.2f} | "
                 f"{row['x_naive']:.2f} | {100 * row['roofline']:.0f}% |",
                 flush=True,
             )
@@ -185,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n{len(good)}/{len(rows)} problems with a correct kernel; geo-mean x eager {geo('x_eager'):.2f}, "
             f"x torch.compile {geo('x_compile') if comp else math.nan:.2f}, x naive {geo('x_naive'):.2f}"
+        )
+    print("\nms of every correct recipe at its defaults:")
+    for r in good:
+        print(
+            f"  {r['problem']}: "
+            + ", ".join(f"{n} {t:.4f}" for n, t in sorted(r["times"].items(), key=lambda i: i[1]))
         )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -1,6 +1,7 @@
-"""Recipes for a lowered graph (:mod:`.lower`): the schedule unfused (rank 0: a kernel per op) and fused
+"""Recipes for a lowered graph (:mod:`.lower`): the schedule unfused (rank 0: a kernel per op), fused
 (rank 1: elementwise ops inlined into the kernels that read them, epilogues applied on store, matrix
-products in local-memory tiles)."""
+products in local-memory tiles) and, on CUDA, fused and cooperative (rank 2: long reductions a warp per
+output with shuffle merges, ILP elements per thread elsewhere, register-blocked matrix products)."""
 
 from __future__ import annotations
 
@@ -12,43 +13,76 @@ from kfoundry.plugins.llms.offline.recognize import OpSpec
 _BLOCKS = {"opencl": ([16, 32, 64, 128, 256], 64), "cuda": ([64, 128, 256, 512], 256)}
 
 
-def lower(spec: OpSpec, language: str, fuse: bool) -> tuple[str, str]:
-    """(kernel source, forward body) of ``spec``'s graph in ``language``."""
-    sched = Lowering(spec.graph, language, fuse).run(len(spec.input_shapes))
-    return kernel_source(sched, language), forward_body(sched).replace("self.ref", "self.m0")
+def lower(
+    spec: OpSpec, language: str, fuse: bool, coop: bool = False
+) -> tuple[str, str, list[tuple[int, int]]]:
+    """(kernel source, forward body, register-blocked products' (outputs, batch)) of ``spec``'s graph."""
+    low = Lowering(spec.graph, language, fuse, coop)
+    sched = low.run(len(spec.input_shapes))
+    return (
+        kernel_source(sched, language, coop),
+        forward_body(sched).replace("self.ref", "self.m0"),
+        low.mm_sizes,
+    )
+
+
+def _register_block(mm_sizes: list[tuple[int, int]]) -> int:
+    """The largest RB (tile 16RB x 16RB) that still gives the largest product two tiles per SM of an H200."""
+    outputs, batch = max(mm_sizes)
+    for rb in (8, 4):
+        if outputs * batch // (16 * rb) ** 2 >= 2 * 132:
+            return rb
+    return 2
+
+
+_VARIANTS = {
+    "graph/unfused": (False, False, "one kernel per operation"),
+    "graph/fused": (True, False, "elementwise prologues and epilogues fused into the anchor kernels"),
+    "graph/fused_coop": (
+        True,
+        True,
+        "fused; long reductions a warp per output (shuffle merges), ILP elements per thread, "
+        "register-blocked matrix products",
+    ),
+}
+
+
+def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
+    """The ``name`` variant of :data:`_VARIANTS` for ``spec``'s graph in ``language``. The cooperative
+    one is offered on CUDA only; on OpenCL it runs one 32-item work-group per "warp" (BLOCK 32, the
+    tests' check of its logic on PoCL)."""
+    fuse, coop, what = _VARIANTS[name]
+    blocks, default = _BLOCKS["cuda" if language == "cuda" else "opencl"]
+    if coop and language != "cuda":
+        blocks, default = [32], 32
+    preamble = PY_HELPERS + "\n\n" + init_source(spec.source, dict(spec.dims)) + "\n"
+    args = [f"x{i}" for i in range(len(spec.input_shapes))]
+    kernel, forward, mm_sizes = lower(spec, language, fuse, coop)
+    params: dict[str, list[ParamValue]] = {"BLOCK": list(blocks)}
+    defaults: dict[str, ParamValue] = {"BLOCK": default}
+    if "p['TILE']" in forward:  # a tiled matrix product: TILE x TILE work-groups
+        params["TILE"], defaults["TILE"] = [8, 16], 16
+    if coop:
+        params["ILP"], defaults["ILP"] = [1, 2, 4], 4
+    if "p['RB']" in forward:  # a register-blocked product: 16RB x 16RB tiles
+        params["RB"], defaults["RB"] = [2, 4, 8], _register_block(mm_sizes)
+    return Recipe(
+        name,
+        "graph",
+        language,
+        kernel,
+        forward,
+        args,
+        TunableSpace(params=params),
+        defaults,
+        rank=rank,
+        modules=["_RefInit(*init_inputs)"],
+        description=what,
+        preamble=preamble,
+        sycl_ok=False,
+    )
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    blocks, default = _BLOCKS["cuda" if language == "cuda" else "opencl"]
-    preamble = PY_HELPERS + "\n\n" + init_source(spec.source, dict(spec.dims)) + "\n"
-    args = [f"x{i}" for i in range(len(spec.input_shapes))]
-    out = []
-    for rank, (fuse, name, what) in enumerate(
-        (
-            (False, "graph/unfused", "one kernel per operation"),
-            (True, "graph/fused", "elementwise prologues and epilogues fused into the anchor kernels"),
-        )
-    ):
-        kernel, forward = lower(spec, language, fuse)
-        params: dict[str, list[ParamValue]] = {"BLOCK": list(blocks)}
-        defaults: dict[str, ParamValue] = {"BLOCK": default}
-        if "p['TILE']" in forward:  # a tiled matrix product: TILE x TILE work-groups
-            params["TILE"], defaults["TILE"] = [8, 16], 16
-        out.append(
-            Recipe(
-                name,
-                "graph",
-                language,
-                kernel,
-                forward,
-                args,
-                TunableSpace(params=params),
-                defaults,
-                rank=rank,
-                modules=["_RefInit(*init_inputs)"],
-                description=what,
-                preamble=preamble,
-                sycl_ok=False,
-            )
-        )
-    return out
+    names = ["graph/unfused", "graph/fused"] + (["graph/fused_coop"] if language == "cuda" else [])
+    return [recipe(spec, language, name, rank) for rank, name in enumerate(names)]

@@ -63,6 +63,112 @@ typedef unsigned char kf_bool;
 """,
 }
 
+#: Helpers of the cooperative schedule: warp all-reductions (every lane gets the result; max/min
+#: propagate NaN as torch does; arg-max/min keep the first index of the extreme or of the first NaN).
+#: On CUDA they are register shuffles. On OpenCL (a test of the schedule's logic on PoCL, run with
+#: 32-item work-groups so that a work-group is one "warp") they go through local memory.
+COOP_HEADER = {
+    "cuda": """#define KF_WARP_ALL 0xffffffffu
+#define KF_NOIDX 0x7fffffffffffffffLL
+#define KF_LANE ((int)(threadIdx.x & 31))
+#define KF_COOP_SCRATCH
+#define KF_ALIGN16 __align__(16)
+#define KF_LD4(p) (*reinterpret_cast<const float4*>(p))
+#define KF_LD2(p) (*reinterpret_cast<const float2*>(p))
+#define KF_FMA(a, b, c) fmaf((a), (b), (c))
+__device__ __forceinline__ float kf_wsum(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KF_WARP_ALL, v, o);
+    return v;
+}
+__device__ __forceinline__ float kf_wprod(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(KF_WARP_ALL, v, o);
+    return v;
+}
+__device__ __forceinline__ float kf_wmax(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { float w = __shfl_xor_sync(KF_WARP_ALL, v, o); v = (w > v || w != w) ? w : v; }
+    return v;
+}
+__device__ __forceinline__ float kf_wmin(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { float w = __shfl_xor_sync(KF_WARP_ALL, v, o); v = (w < v || w != w) ? w : v; }
+    return v;
+}
+__device__ __forceinline__ kf_long kf_warg(float b, kf_long i, int want_max) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(KF_WARP_ALL, b, o);
+        const kf_long oi = __shfl_xor_sync(KF_WARP_ALL, i, o);
+        const bool bn = b != b, on = ob != ob;
+        const bool take = on ? (!bn || oi < i)
+                             : (!bn && (want_max ? ob > b : ob < b)) || (!bn && ob == b && oi < i);
+        if (take) { b = ob; i = oi; }
+    }
+    return i;
+}
+""",
+    "opencl": """#define KF_NOIDX 0x7fffffffffffffffL
+#define KF_LANE ((int)(get_local_id(0) & 31))
+#define KF_COOP_SCRATCH __local float kf_shf[BLOCK]; __local kf_long kf_shl[BLOCK];
+#define KF_ALIGN16
+#define KF_LD4(p) vload4(0, (p))
+#define KF_LD2(p) vload2(0, (p))
+#define KF_FMA(a, b, c) ((a) * (b) + (c))
+#define KF_WBASE ((int)get_local_id(0) & ~31)
+float kf_wop(float v, __local float* sh, int op) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    sh[get_local_id(0)] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float r = sh[KF_WBASE];
+    for (int k = 1; k < 32; ++k) {
+        const float w = sh[KF_WBASE + k];
+        if (op == 0) r += w;
+        else if (op == 1) r *= w;
+        else if (op == 2) r = (w > r || w != w) ? w : r;
+        else r = (w < r || w != w) ? w : r;
+    }
+    return r;
+}
+kf_long kf_warg_(float b, kf_long i, int want_max, __local float* shf, __local kf_long* shl) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    shf[get_local_id(0)] = b;
+    shl[get_local_id(0)] = i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    b = shf[KF_WBASE];
+    i = shl[KF_WBASE];
+    for (int k = 1; k < 32; ++k) {
+        const float ob = shf[KF_WBASE + k];
+        const kf_long oi = shl[KF_WBASE + k];
+        const int bn = b != b, on = ob != ob;
+        const int take = on ? (!bn || oi < i) : (!bn && (want_max ? ob > b : ob < b)) || (!bn && ob == b && oi < i);
+        if (take) { b = ob; i = oi; }
+    }
+    return i;
+}
+#define kf_wsum(v) kf_wop((v), kf_shf, 0)
+#define kf_wprod(v) kf_wop((v), kf_shf, 1)
+#define kf_wmax(v) kf_wop((v), kf_shf, 2)
+#define kf_wmin(v) kf_wop((v), kf_shf, 3)
+#define kf_warg(b, i, m) kf_warg_((b), (i), (m), kf_shf, kf_shl)
+""",
+}
+
+COOP_COMMON = """#ifndef ILP
+#define ILP 1
+#endif
+#ifndef RB
+#define RB 4
+#endif
+#if RB % 2 != 0
+#error "RB must be even"
+#endif
+"""
+
+#: Cooperative schedule: loops of at least this many (traced) terms run across a warp's 32 lanes.
+LANE_MIN = 64
+
 #: Python helpers of the rendered module (shape rules evaluated in ``forward``).
 PY_HELPERS = '''
 def _grid(n, b):
@@ -223,10 +329,17 @@ def unflat(flat: str, dims: list[str]) -> list[str]:
 class Lowering:
     """Lower one traced graph to a :class:`Schedule` in ``lang`` (``fuse``: inline elementwise ops)."""
 
-    def __init__(self, gm: fx.GraphModule, lang: str, fuse: bool) -> None:
+    def __init__(self, gm: fx.GraphModule, lang: str, fuse: bool, coop: bool = False) -> None:
         self.gm = gm
         self.lang = lang
         self.fuse = fuse
+        #: the cooperative schedule (CUDA): long reductions a warp per output, ILP elements per thread
+        #: elsewhere, matrix products register-blocked
+        self.coop = coop
+        #: set when a body being built loops across the lanes of a warp (its kernel becomes warp-per-item)
+        self.lanes_used = False
+        #: (output elements per matrix, batch) of each register-blocked product (the recipe sizes RB from them)
+        self.mm_sizes: list[tuple[int, int]] = []
         #: node -> Val, PyVal, or a pending (values, indices) pair of torch.max/min (``lower_ops._Pending``)
         self.vals: dict[fx.Node, Any] = {}
         self.syms: dict[str, str] = {}  # python expr -> C name
@@ -269,6 +382,12 @@ class Lowering:
         name = f"buf{len(self.ptrs)}"
         self.ptrs[name] = (py, ctype)
         return name
+
+    def lanes(self, n: int | None) -> bool:
+        """Whether a loop of ``n`` (traced) terms runs across the 32 lanes of a warp (``kf_lane``)."""
+        use = self.coop and n is not None and n >= LANE_MIN
+        self.lanes_used |= use
+        return use
 
     def fresh(self, base: str = "i") -> str:
         self.nloop += 1
@@ -329,12 +448,31 @@ class Lowering:
             else ""
         )
         store, final_ctype, _ = self.epilogue(node, out, coords, ctype)
+        self.lanes_used = False
+        inner = body(coords)
+        work = f"_prod({py_shape})"
+        if self.lanes_used:  # a warp per output element: lanes share its loops, lane 0 stores
+            text = (
+                f"    KF_COOP_SCRATCH\n    const kf_long total = {total};\n    const int kf_lane = KF_LANE;\n"
+                f"    for (kf_long g = KF_GID >> 5; g < total; g += KF_GSTRIDE >> 5) {{\n{decomp}"
+                f"        {inner}\n        if (kf_lane == 0) y[g] = {store};\n    }}"
+            )
+            return self.finish(text, final_ctype, py_shape, out, tag, f"32 * {work}")
+        if self.coop:  # ILP elements per thread, a grid-stride apart (their loads in flight together)
+            text = (
+                f"    const kf_long total = {total};\n"
+                f"    for (kf_long g0 = KF_GID; g0 < total; g0 += ILP * KF_GSTRIDE) {{\n"
+                "    #pragma unroll\n    for (int u = 0; u < ILP; ++u) {\n"
+                f"        const kf_long g = g0 + u * KF_GSTRIDE;\n        if (g < total) {{\n{decomp}"
+                f"        {inner}\n        y[g] = {store};\n    }} }} }}"
+            )
+            return self.finish(text, final_ctype, py_shape, out, tag, f"_cdiv({work}, p['ILP'])")
         text = (
             f"    const kf_long total = {total};\n"
             f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{decomp}"
-            f"        {body(coords)}\n        y[g] = {store};\n    }}"
+            f"        {inner}\n        y[g] = {store};\n    }}"
         )
-        return self.finish(text, final_ctype, py_shape, out, tag, f"_prod({py_shape})")
+        return self.finish(text, final_ctype, py_shape, out, tag, work)
 
     def emit_tiled_mm(
         self,
@@ -353,6 +491,8 @@ class Lowering:
         """A matrix product in TILE x TILE work-groups staging A and B tiles in local memory: ``a(batch, i, k)``,
         ``b(batch, k, j)`` load (any layout, prologues fused), ``coords(batch, i, j)`` places the output;
         ``sizes`` are the C expressions of M, N, K and ``grid_py`` the Python ones of N, M and the batch."""
+        if self.coop:
+            return self.emit_blocked_mm(out, py_shape, batch_dims, sizes, grid_py, a, b, coords, tag, node, bias)
         M, N, K = sizes
         bc = [f"bc{k}" for k in range(len(batch_dims))]
         decl = "".join(
@@ -389,6 +529,126 @@ class Lowering:
         self.fwd(self.sched.kernels[-1].launch)
         return self.buffer_val(name, out, py_shape, ctype)
 
+    def emit_blocked_mm(
+        self,
+        out: tuple[int, ...],
+        py_shape: str,
+        batch_dims: list[str],
+        sizes: tuple[str, str, str],
+        grid_py: tuple[str, str, str],
+        a: Callable[[list[str], str, str], str],
+        b: Callable[[list[str], str, str], str],
+        coords: Callable[[list[str], str, str], list[str]],
+        tag: str,
+        node: fx.Node | None,
+        bias: Callable[[str], str] | None = None,
+    ) -> Val:
+        """:meth:`emit_tiled_mm` register-blocked (CUDA): 16 x 16 threads, each an RB x RB block of a
+        16RB x 16RB output tile, K in steps of 16 through padded shared memory (float4 reads), the next
+        step's loads in registers while this one computes. ``b_kfast`` layouts (B[j, k], a linear
+        layer's weight) load B along k so that neighbouring threads read neighbouring addresses."""
+        M, N, K = sizes
+        bc = [f"bc{k}" for k in range(len(batch_dims))]
+        decl = "".join(
+            f"    const kf_long {c} = {e};\n" for c, e in zip(bc, unflat("bz", batch_dims), strict=True)
+        )
+        cs = coords(bc, "i", "j")
+        dims = self.shape_dims(py_shape, out)
+        epi, ctype, _ = self.epilogue(node, out, cs, "float")
+        add = f" acc += {bias('j')};" if bias is not None else ""
+        kfast = tag == "lintile"
+        bmap = (
+            "const int bj = ty + 16 * l, bk = tx;"
+            if kfast
+            else "const int e = tid + 256 * l, bk = e / (16 * RB), bj = e % (16 * RB);"
+        )
+        load = f"""        #pragma unroll
+        for (int l = 0; l < RB; ++l) {{
+            const kf_long i = i0 + ty + 16 * l, ka = k0 + tx;
+            ra[l] = (i < {M} && ka < {K}) ? ({a(bc, "i", "ka")}) : 0.0f;
+        }}
+        #pragma unroll
+        for (int l = 0; l < RB; ++l) {{
+            {bmap}
+            const kf_long kb = k0 + bk, j = j0 + bj;
+            rb[l] = (kb < {K} && j < {N}) ? ({b(bc, "kb", "j")}) : 0.0f;
+        }}"""
+        text = f"""    KF_LOCAL KF_ALIGN16 float As[16][16 * RB + 4];
+    KF_LOCAL KF_ALIGN16 float Bs[16][16 * RB + 4];
+    const int tx = KF_LID(0), ty = KF_LID(1), tid = ty * 16 + tx;
+    const kf_long j0 = KF_GRP(0) * (16 * RB), i0 = KF_GRP(1) * (16 * RB), bz = KF_GRP(2);
+{decl}    float accv[RB][RB];
+    #pragma unroll
+    for (int r = 0; r < RB; ++r) {{
+        #pragma unroll
+        for (int c = 0; c < RB; ++c) accv[r][c] = 0.0f;
+    }}
+    float ra[RB], rb[RB];
+    {{
+        const kf_long k0 = 0;
+{load}
+    }}
+    for (kf_long k0 = 0; k0 < (kf_long)({K}); k0 += 16) {{
+        #pragma unroll
+        for (int l = 0; l < RB; ++l) {{
+            As[tx][ty + 16 * l] = ra[l];
+            {bmap}
+            Bs[bk][bj] = rb[l];
+        }}
+        KF_BARRIER;
+        if (k0 + 16 < (kf_long)({K})) {{
+            const kf_long kn = k0 + 16;
+            {{
+                const kf_long k0 = kn;
+{load}
+            }}
+        }}
+        #pragma unroll
+        for (int kk = 0; kk < 16; ++kk) {{
+            float av[RB], bv[RB];
+#if RB % 4 == 0
+            #pragma unroll
+            for (int q = 0; q < RB; q += 4) {{
+                const float4 a4 = KF_LD4(&As[kk][ty * RB + q]);
+                const float4 b4 = KF_LD4(&Bs[kk][tx * RB + q]);
+                av[q] = a4.x; av[q + 1] = a4.y; av[q + 2] = a4.z; av[q + 3] = a4.w;
+                bv[q] = b4.x; bv[q + 1] = b4.y; bv[q + 2] = b4.z; bv[q + 3] = b4.w;
+            }}
+#else
+            #pragma unroll
+            for (int q = 0; q < RB; q += 2) {{
+                const float2 a2 = KF_LD2(&As[kk][ty * RB + q]);
+                const float2 b2 = KF_LD2(&Bs[kk][tx * RB + q]);
+                av[q] = a2.x; av[q + 1] = a2.y; bv[q] = b2.x; bv[q + 1] = b2.y;
+            }}
+#endif
+            #pragma unroll
+            for (int r = 0; r < RB; ++r) {{
+                #pragma unroll
+                for (int c = 0; c < RB; ++c) accv[r][c] = KF_FMA(av[r], bv[c], accv[r][c]);
+            }}
+        }}
+        KF_BARRIER;
+    }}
+    #pragma unroll
+    for (int r = 0; r < RB; ++r) {{
+        #pragma unroll
+        for (int c = 0; c < RB; ++c) {{
+            const kf_long i = i0 + ty * RB + r, j = j0 + tx * RB + c;
+            if (i < {M} && j < {N}) {{ float acc = accv[r][c];{add} y[{horner(cs, dims)}] = {epi}; }}
+        }}
+    }}"""
+        ydt = "torch.float32"
+        self.fwd(f"b{self.nk} = torch.empty({py_shape}, dtype={ydt}, device=dev)")
+        gx, gy, gz = grid_py
+        launch = (
+            f"grid=(_cdiv({gx}, 16 * p['RB']), _cdiv({gy}, 16 * p['RB']), max(1, {gz})), block=(16, 16, 1)"
+        )
+        self.mm_sizes.append((math.prod(out[-2:]) if len(out) >= 2 else 1, math.prod(out[:-2]) or 1))
+        name = self.kernel(text, ctype, "", tag, launch_dims=launch)
+        self.fwd(self.sched.kernels[-1].launch)
+        return self.buffer_val(name, out, py_shape, ctype)
+
     def emit_rows(
         self,
         out: tuple[int, ...],
@@ -415,12 +675,21 @@ class Lowering:
             epi, _, _ = self.epilogue(node, out, cs, "float")
             return f"{{ float acc = {value}; y[{horner(cs, dims)}] = {epi}; }}"
 
+        self.lanes_used = False
+        inner = body(coords, store)
+        work = "*".join(f"{py_shape}[{k}]" for k in keep) or "1"
+        if self.lanes_used:  # a warp per row: its lanes share the row's loops and stores
+            text = (
+                f"    KF_COOP_SCRATCH\n    const kf_long rows = {total};\n    const int kf_lane = KF_LANE;\n"
+                f"    for (kf_long g = KF_GID >> 5; g < rows; g += KF_GSTRIDE >> 5) {{\n{decomp}"
+                f"        {inner}\n    }}"
+            )
+            return self.finish(text, final_ctype, py_shape, out, tag, f"32 * ({work})")
         text = (
             f"    const kf_long rows = {total};\n"
             f"    for (kf_long g = KF_GID; g < rows; g += KF_GSTRIDE) {{\n{decomp}"
-            f"        {body(coords, store)}\n    }}"
+            f"        {inner}\n    }}"
         )
-        work = "*".join(f"{py_shape}[{k}]" for k in keep) or "1"
         return self.finish(text, final_ctype, py_shape, out, tag, work)
 
     def finish(self, text: str, ctype: str, py_shape: str, out: tuple[int, ...], tag: str, work: str) -> Val:
@@ -663,9 +932,10 @@ def init_source(reference_source: str, shapes: dict[str, int | float] | None = N
     return ast.unparse(ast.Module(body=body, type_ignores=[]))
 
 
-def kernel_source(sched: Schedule, lang: str) -> str:
+def kernel_source(sched: Schedule, lang: str, coop: bool = False) -> str:
     text = "".join(k.source for k in sched.kernels)
-    return KERNEL_HEADER[lang] + prelude(text, lang) + text
+    head = KERNEL_HEADER[lang] + (COOP_HEADER[lang] + COOP_COMMON if coop else "")
+    return head + prelude(text, lang) + text
 
 
 def forward_body(sched: Schedule) -> str:

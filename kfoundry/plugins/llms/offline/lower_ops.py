@@ -450,9 +450,26 @@ _VIEW_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
 # -- accumulation helpers -----------------------------------------------------------------------
 
 
-def chunked_sum(L: Lowering, acc: str, count: str, term: Callable[[str], str], pre: str = "") -> str:
-    """``float acc`` = the sum of ``term(q)`` for q < count, one partial sum per CHUNK terms."""
+def chunked_sum(
+    L: Lowering, acc: str, count: str, term: Callable[[str], str], pre: str = "", lanes: bool = False
+) -> str:
+    """``float acc`` = the sum of ``term(q)`` for q < count, one partial sum per CHUNK terms; with
+    ``lanes`` the 32 lanes of a warp stride the terms (CHUNK terms per lane per partial) and every
+    lane ends with the warp's total."""
     q0, q, part = L.fresh("q"), L.fresh("q"), L.fresh("part")
+    if lanes:
+        span = 32 * CHUNK
+        return (
+            f"float {acc} = 0.0f;\n"
+            f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {span}) {{\n"
+            f"            float {part} = 0.0f;\n"
+            f"            const kf_long {q}_end = {q0} + {span} < (kf_long)({count}) ? {q0} + {span} : "
+            f"(kf_long)({count});\n"
+            f"            for (kf_long {q} = {q0} + kf_lane; {q} < {q}_end; {q} += 32) {{ {pre.replace('{q}', q)}"
+            f"{part} += {term(q)}; }}\n"
+            f"            {acc} += {part};\n        }}\n"
+            f"        {acc} = kf_wsum({acc});"
+        )
     return (
         f"float {acc} = 0.0f;\n"
         f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {CHUNK}) {{\n"
@@ -463,6 +480,25 @@ def chunked_sum(L: Lowering, acc: str, count: str, term: Callable[[str], str], p
         f"{part} += {term(q)}; }}\n"
         f"            {acc} += {part};\n        }}"
     )
+
+
+def extreme_loop(
+    L: Lowering, acc: str, count: str, x: Callable[[str], str], cmp: str, lanes: bool = False, init: str = ""
+) -> str:
+    """``float acc`` = the NaN-propagating max (``cmp`` ``>``) or min (``<``) of ``x(q)`` for q < count
+    (``init`` the start value, else -/+INFINITY); with ``lanes`` across a warp, every lane gets it."""
+    q = L.fresh("q")
+    init = init or ("-INFINITY" if cmp == ">" else "INFINITY")
+    head = row_loop(q, count, lanes)
+    loop = f"float {acc} = {init}; {head} {{ float v = {x(q)}; {_nan_max(acc, 'v', cmp)} }}"
+    return loop + (f" {acc} = kf_w{'max' if cmp == '>' else 'min'}({acc});" if lanes else "")
+
+
+def row_loop(var: str, count: str, lanes: bool) -> str:
+    """The header of a loop over a row's ``count`` elements (lane-strided across a warp with ``lanes``)."""
+    if lanes:
+        return f"for (kf_long {var} = kf_lane; {var} < (kf_long)({count}); {var} += 32)"
+    return f"for (kf_long {var} = 0; {var} < {count}; ++{var})"
 
 
 def _nan_max(a: str, x: str, op: str) -> str:
@@ -544,61 +580,60 @@ def reduce(
     def body(c: list[str]) -> str:
         x = lambda q: src.load(in_coords(c, q))  # noqa: E731
         f = lambda name: fn(name, L.lang)  # noqa: E731
+        ln = L.lanes(total_r)
         if op in ("sum", "mean"):
-            s = chunked_sum(L, "acc", count, x)
+            s = chunked_sum(L, "acc", count, x, lanes=ln)
             return (
                 s
                 + (f"\n        acc = acc / (float)({count});" if op == "mean" else "")
                 + (f"\n        acc = acc / (float)({divide_by});" if divide_by else "")
             )
         if op in ("var", "std"):
-            s = chunked_sum(L, "mu", count, x) + f"\n        mu = mu / (float)({count});\n        "
-            s += chunked_sum(L, "acc", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)")
+            s = chunked_sum(L, "mu", count, x, lanes=ln) + f"\n        mu = mu / (float)({count});\n        "
+            s += chunked_sum(L, "acc", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)", lanes=ln)
             s += f"\n        acc = acc / (float)({count} - {lit(correction)});"
             return s + (f"\n        acc = {f('sqrt')}(acc);" if op == "std" else "")
         if op == "norm":
             if p == 2.0:
                 return (
-                    chunked_sum(L, "acc", count, lambda q: f"(({x(q)}) * ({x(q)}))")
+                    chunked_sum(L, "acc", count, lambda q: f"(({x(q)}) * ({x(q)}))", lanes=ln)
                     + f"\n        acc = {f('sqrt')}(acc);"
                 )
             if p == 1.0:
-                return chunked_sum(L, "acc", count, lambda q: f"{f('fabs')}({x(q)})")
+                return chunked_sum(L, "acc", count, lambda q: f"{f('fabs')}({x(q)})", lanes=ln)
             if math.isinf(p):
-                q = L.fresh("q")
-                return (
-                    f"float acc = 0.0f; for (kf_long {q} = 0; {q} < {count}; ++{q}) "
-                    f"{{ float v = {f('fabs')}({x(q)}); {_nan_max('acc', 'v', '>')} }}"
-                )
+                return extreme_loop(L, "acc", count, lambda q: f"{f('fabs')}({x(q)})", ">", ln, "0.0f")
             return (
-                chunked_sum(L, "acc", count, lambda q: f"{f('pow')}({f('fabs')}({x(q)}), {lit(p)})")
+                chunked_sum(L, "acc", count, lambda q: f"{f('pow')}({f('fabs')}({x(q)}), {lit(p)})", lanes=ln)
                 + f"\n        acc = {f('pow')}(acc, {lit(1.0 / p)});"
             )
         if op == "lse":
-            q = L.fresh("q")
-            s = (
-                f"float mx = -INFINITY; for (kf_long {q} = 0; {q} < {count}; ++{q}) "
-                f"{{ float v = {x(q)}; {_nan_max('mx', 'v', '>')} }}\n        "
-            )
-            s += chunked_sum(L, "acc", count, lambda q: f"{f('exp')}(({x(q)}) - mx)")
+            s = extreme_loop(L, "mx", count, x, ">", ln) + "\n        "
+            s += chunked_sum(L, "acc", count, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
             return s + f"\n        acc = (mx == INFINITY || mx == -INFINITY) ? mx : mx + {f('log')}(acc);"
         if op == "prod":
             q = L.fresh("q")
+            if ln:
+                return f"float acc = 1.0f; {row_loop(q, count, True)} acc *= {x(q)}; acc = kf_wprod(acc);"
             return f"float acc = 1.0f; for (kf_long {q} = 0; {q} < {count}; ++{q}) acc *= {x(q)};"
         if op in ("max", "min", "argmax", "argmin"):
             q = L.fresh("q")
             cmp = ">" if op.endswith("max") else "<"
             if op.startswith("arg"):
+                if ln:  # per lane: the first extreme (or NaN) of its stride, then the warp's first
+                    init = "-INFINITY" if cmp == ">" else "INFINITY"
+                    return (
+                        f"float best = {init}; kf_long acc = KF_NOIDX;\n"
+                        f"        {row_loop(q, count, True)} {{ float v = {x(q)}; "
+                        f"if (acc == KF_NOIDX || (best == best && (v {cmp} best || v != v))) {{ best = v; acc = {q}; }} }}\n"
+                        f"        acc = kf_warg(best, acc, {int(cmp == '>')});"
+                    )
                 return (
                     f"float best = {x('0')}; kf_long acc = 0;\n"
                     f"        for (kf_long {q} = 1; {q} < {count}; ++{q}) {{ float v = {x(q)}; "
                     f"if (best == best && (v {cmp} best || v != v)) {{ best = v; acc = {q}; }} }}"
                 )
-            init = "-INFINITY" if cmp == ">" else "INFINITY"
-            return (
-                f"float acc = {init}; for (kf_long {q} = 0; {q} < {count}; ++{q}) "
-                f"{{ float v = {x(q)}; {_nan_max('acc', 'v', cmp)} }}"
-            )
+            return extreme_loop(L, "acc", count, x, cmp, ln)
         raise _unsupported(f"reduction {op}")
 
     ctype = "long" if op.startswith("arg") else "float"
@@ -634,22 +669,17 @@ def _split_reduce(
         op, lambda v: v
     )
 
-    def fold(acc: str, n: str, x: Callable[[str], str], first: bool) -> str:
+    def fold(acc: str, n: str, x: Callable[[str], str], first: bool, terms: int) -> str:
+        ln = L.lanes(terms)
         if op in ("max", "min"):
-            q = L.fresh("q")
-            cmp = ">" if op == "max" else "<"
-            init = "-INFINITY" if op == "max" else "INFINITY"
-            return (
-                f"float {acc} = {init}; for (kf_long {q} = 0; {q} < {n}; ++{q}) "
-                f"{{ float v = {x(q)}; {_nan_max(acc, 'v', cmp)} }}"
-            )
-        return chunked_sum(L, acc, n, (lambda q: term(x(q))) if first else x)
+            return extreme_loop(L, acc, n, x, ">" if op == "max" else "<", ln)
+        return chunked_sum(L, acc, n, (lambda q: term(x(q))) if first else x, lanes=ln)
 
     def partial_body(c: list[str]) -> str:
         start = f"(({c[1]}) * {SPLIT_PART})"
         here = f"(({count}) - {start} < {SPLIT_PART} ? ({count}) - {start} : (kf_long){SPLIT_PART})"
         oc = unflat(c[0], odims) if odims else []
-        return fold("acc", here, lambda q: src.load(in_coords(oc, f"({start} + {q})")), True)
+        return fold("acc", here, lambda q: src.load(in_coords(oc, f"({start} + {q})")), True, SPLIT_PART)
 
     parts = L.emit_pointwise(
         (math.prod(out), -(-total_r // SPLIT_PART)), f"R{tag}", partial_body, f"{op}part"
@@ -658,7 +688,7 @@ def _split_reduce(
 
     def final_body(c: list[str]) -> str:
         flat = horner(c, odims) if c else "0"
-        s = fold("acc", P, lambda q: parts.load([flat, q]), False)
+        s = fold("acc", P, lambda q: parts.load([flat, q]), False, -(-total_r // SPLIT_PART))
         if op == "mean":
             s += f"\n        acc = acc / (float)({count});"
         if op == "norm" and p == 2.0:
@@ -761,17 +791,21 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
     R = src.dims[d]
 
     def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
-        r = L.fresh("r")
         at = lambda q: [*c[:d], q, *c[d + 1 :]]  # noqa: E731
         x = lambda q: src.load(at(q))  # noqa: E731
-        s = (
-            f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {R}; ++{r}) "
-            f"{{ float v = {x(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
-        )
-        s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)")
+        ln = L.lanes(src.shape[d])
+        if ln:
+            s = extreme_loop(L, "mx", R, x, ">", True) + "\n        "
+        else:
+            r = L.fresh("r")
+            s = (
+                f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {R}; ++{r}) "
+                f"{{ float v = {x(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
+            )
+        s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
         w = L.fresh("r")
         val = f"(({x(w)}) - mx - {f('log')}(den))" if log else f"({f('exp')}(({x(w)}) - mx) / den)"
-        return s + f"\n        for (kf_long {w} = 0; {w} < {R}; ++{w}) {store(at(w), val)}"
+        return s + f"\n        {row_loop(w, R, ln)} {store(at(w), val)}"
 
     return L.emit_rows(src.shape, f"S{n}", [d], body, "logsoftmax" if log else "softmax", node=node)
 
@@ -869,9 +903,10 @@ def _norm_rows(
             return cs
 
         x = lambda q: src.load(at(q))  # noqa: E731
+        ln = L.lanes(math.prod(src.shape[k] for k in row_dims))
         if mean_var is None:
-            s = chunked_sum(L, "mu", count, x) + f"\n        mu = mu / (float)({count});\n        "
-            s += chunked_sum(L, "var", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)")
+            s = chunked_sum(L, "mu", count, x, lanes=ln) + f"\n        mu = mu / (float)({count});\n        "
+            s += chunked_sum(L, "var", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)", lanes=ln)
             s += f"\n        var = var / (float)({count});\n        "
         else:
             s = f"float mu = {mean_var[0]}; float var = {mean_var[1]};\n        "
@@ -883,7 +918,7 @@ def _norm_rows(
             val = f"({val} * {weight}[{chan(cs)}])"
         if bias is not None and chan is not None:
             val = f"({val} + {bias}[{chan(cs)}])"
-        return s + f"for (kf_long {w} = 0; {w} < {count}; ++{w}) {{ {store(cs, val)} }}"
+        return s + f"{row_loop(w, count, ln)} {{ {store(cs, val)} }}"
 
     return L.emit_rows(src.shape, f"S{n}", row_dims, body, tag, node=node if epilogue else None)
 
@@ -1005,7 +1040,8 @@ def _matmul(L: Lowering, node: fx.Node) -> Val:
             bc = _bc_coords(batch, full[:-2], bshape[:-2])
             return b.load([q] if b1 else [*bc, q, j])
 
-        return chunked_sum(L, "acc", K, lambda q: f"({aload(q)}) * ({bload(q)})")
+        ln = L.lanes(a.shape[-1]) if math.prod(out) <= (1 << 16) else False
+        return chunked_sum(L, "acc", K, lambda q: f"({aload(q)}) * ({bload(q)})", lanes=ln)
 
     return L.emit_pointwise(out, f"S{n}", body, "matmul", node=node)
 
@@ -1441,13 +1477,17 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
     ign = int(_loss_kw(L, node).get("ignore_index", -100))
 
     def body(c: list[str]) -> str:
-        r = L.fresh("r")
         xl = lambda q: x.load([c[0], q])  # noqa: E731
-        s = (
-            f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {C}; ++{r}) "
-            f"{{ float v = {xl(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
-        )
-        s += chunked_sum(L, "den", C, lambda q: f"{f('exp')}(({xl(q)}) - mx)")
+        ln = L.lanes(x.shape[1])
+        if ln:
+            s = extreme_loop(L, "mx", C, xl, ">", True) + "\n        "
+        else:
+            r = L.fresh("r")
+            s = (
+                f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {C}; ++{r}) "
+                f"{{ float v = {xl(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
+            )
+        s += chunked_sum(L, "den", C, lambda q: f"{f('exp')}(({xl(q)}) - mx)", lanes=ln)
         tl = t.load([c[0]])
         return s + (
             f"\n        const kf_long tg = {tl};\n"
@@ -1459,7 +1499,9 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
         cnt = L.emit_pointwise(
             (),
             "()",
-            lambda c: chunked_sum(L, "acc", t.dims[0], lambda q: f"({t.load([q])} == {ign} ? 0.0f : 1.0f)"),
+            lambda c: chunked_sum(
+                L, "acc", t.dims[0], lambda q: f"({t.load([q])} == {ign} ? 0.0f : 1.0f)", lanes=L.lanes(t.shape[0])
+            ),
             "xentcount",
         )
         tot = reduce(L, node, per, "sum", [0], False, epilogue=False)
@@ -1488,8 +1530,9 @@ def _triplet(
     def body(c: list[str]) -> str:
         dp = lambda q: f"(({a.load([c[0], q])}) - ({pos.load([c[0], q])}) + {e})"  # noqa: E731
         dn = lambda q: f"(({a.load([c[0], q])}) - ({neg.load([c[0], q])}) + {e})"  # noqa: E731
-        s = chunked_sum(L, "sp", D, lambda q: f"{dp(q)} * {dp(q)}") + "\n        "
-        s += chunked_sum(L, "sn", D, lambda q: f"{dn(q)} * {dn(q)}") + "\n        "
+        ln = L.lanes(a.shape[1])
+        s = chunked_sum(L, "sp", D, lambda q: f"{dp(q)} * {dp(q)}", lanes=ln) + "\n        "
+        s += chunked_sum(L, "sn", D, lambda q: f"{dn(q)} * {dn(q)}", lanes=ln) + "\n        "
         v = f"{f('sqrt')}(sp) - {f('sqrt')}(sn) + {lit(margin)}"
         return s + f"float acc = ({v}) < 0.0f ? 0.0f : ({v});"
 
@@ -1533,9 +1576,10 @@ def _cosine(L: Lowering, node: fx.Node) -> Val:
         at = lambda q: [*c[:d], q, *c[d:]]  # noqa: E731
         al = lambda q: L.broadcast_load(a, at(q), full)  # noqa: E731
         bl = lambda q: L.broadcast_load(b, at(q), full)  # noqa: E731
-        s = chunked_sum(L, "dot", fd[d], lambda q: f"({al(q)}) * ({bl(q)})") + "\n        "
-        s += chunked_sum(L, "na", fd[d], lambda q: f"({al(q)}) * ({al(q)})") + "\n        "
-        s += chunked_sum(L, "nb", fd[d], lambda q: f"({bl(q)}) * ({bl(q)})") + "\n        "
+        ln = L.lanes(full[d])
+        s = chunked_sum(L, "dot", fd[d], lambda q: f"({al(q)}) * ({bl(q)})", lanes=ln) + "\n        "
+        s += chunked_sum(L, "na", fd[d], lambda q: f"({al(q)}) * ({al(q)})", lanes=ln) + "\n        "
+        s += chunked_sum(L, "nb", fd[d], lambda q: f"({bl(q)}) * ({bl(q)})", lanes=ln) + "\n        "
         e = lit(eps)
         return s + (
             f"float acc = dot / ({f('fmax')}({f('sqrt')}(na), {e}) * {f('fmax')}({f('sqrt')}(nb), {e}));"
