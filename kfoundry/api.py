@@ -345,10 +345,18 @@ def optimize(
         raise ConfigError(f"problem file not found: {path}")
     all_sets = shape_sets_of(cfg, shapes, shape_sets)
     seed = Path(seed_kernel) if seed_kernel else find_seed_kernel(path, _language(cfg))
+    _check_warm_start(cfg)
     _refuse_unsupported(cfg, path, all_sets[0], _language(cfg))  # before the run folder exists
     run_id, run_dir = new_run_dir(cfg, path.stem)
     write_run_file(run_dir, run_id, path, all_sets[0], cfg, seed, shape_sets=all_sets)
     return run_folder(cfg, path, all_sets, run_id, run_dir, seed, observer, report=report)
+
+
+def _check_warm_start(cfg: RunConfig) -> None:
+    """A missing or unreadable ``tuner.warm_start`` source fails before anything runs."""
+    from kfoundry.core.warm_start import load_sources
+
+    load_sources(cfg.tuner.warm_start)
 
 
 def _refuse_unsupported(cfg: RunConfig, path: Path, shapes: dict[str, Any], language: str) -> None:
@@ -433,8 +441,12 @@ def tune(
     shapes: ShapeSet | None = None,
     config: RunConfig | str | Path | None = None,
     overrides: Sequence[str] = (),
+    warm_start: Sequence[str | Path] = (),
 ) -> TuningResult:
-    """Tune a kernel's template parameters (the space its source declares) on ``problem``."""
+    """Tune a kernel's template parameters (the space its source declares) on ``problem``.
+
+    The first configurations tried come from the performance database: earlier tunings in
+    ``output_dir`` and the run folders, stores or Kernel Tuner cache files named in ``warm_start``."""
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.problem import load_problem
     from kfoundry.core.store import Store
@@ -443,7 +455,10 @@ def tune(
     sets = list(overrides)
     if tuner:
         sets.append(f"tuner.name={json.dumps(tuner)}")
+    if warm_start:
+        sets.append(f"tuner.warm_start={json.dumps([str(w) for w in warm_start])}")
     cfg = _config(config, sets)
+    _check_warm_start(cfg)
     prob = load_problem(problem, {**cfg.problem.shapes, **(shapes or {})})
     cand = _candidate(candidate, params)
     store = Store(Path(cfg.output_dir) / "eval-cache.sqlite")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,19 @@ def test_bad_input_is_a_kferror(tmp_path: Path) -> None:
     assert kfoundry.OptimizeResult.__name__ == "OptimizeResult"
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         kfoundry.nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_missing_warm_start_source_fails_before_the_run(tmp_path: Path) -> None:
+    missing = tmp_path / "other_host_runs"
+    with pytest.raises(ConfigError, match=r"tuner.warm_start: .*other_host_runs: no such file"):
+        kfoundry.optimize(
+            ROOT / "examples" / "kernelbench" / "softmax.py", output_dir=tmp_path / "runs",
+            overrides=[f"tuner.warm_start=[{str(missing)!r}]".replace("'", '"')],
+        )  # fmt: skip
+    assert not (tmp_path / "runs").exists()  # no run folder was made
+    with pytest.raises(ConfigError, match="other_host_runs"):
+        kfoundry.tune(ROOT / "examples" / "native" / "vector_add.toml", ROOT / "examples" / "native" / "vector_add.cl",
+                      warm_start=[missing], overrides=[f"output_dir={json.dumps(str(tmp_path))}"])  # fmt: skip
 
 
 @pytest.mark.slow
