@@ -178,7 +178,12 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
                     f"running): {verdict.message}")))
     if pairs:
         judge.log.append(f"clock pairs (b={batch // 2}; judge ms b/2b, events ms b/2b, runner phases 2b): " + "; ".join(pairs))
-    if paired and not differential:
+    if paired and not differential and judge.job.kind == "reference" and events:
+        # no candidate code runs in a reference job's runner: its events are the trusted device clock
+        judge.clock_used = "events"
+        judge.log.append(f"reference: its device events count (median {_median(events):.4f} ms per call)")
+        samples = events
+    elif paired and not differential:
         samples = _device_or_judge(judge, events, samples, totals)
     return summarize(samples), calls, verified
 
@@ -231,6 +236,7 @@ def _device_or_judge(judge: Judge, events: list[float], clocked: list[float], to
     machine) counts itself rather than widen the margin. Work the events do not see (another stream,
     faked events) beyond that margin is on the judge's clock.
     """
+    judge.clock_used = "judge"
     if not events:
         judge.log.append("device events unusable: the judge's differential clock counted")
         return clocked
@@ -251,6 +257,7 @@ def _device_or_judge(judge: Judge, events: list[float], clocked: list[float], to
             judge.disagreement_samples.append(f"{name} {median:.4f} ms, events {ev_median:.4f} ms per call: {why}")
         verdicts.append((name, clock, confirmed))
     if all(confirmed for _, _, confirmed in verdicts):
+        judge.clock_used = "events"
         return events
     judge.clock_disagreements += 1
     return max((clock for _, clock, _ in verdicts), key=_median)

@@ -49,6 +49,9 @@ class JobResult(BaseModel):
     #: The sandbox protections and whether each was in force for this job's runner.
     sandbox: dict[str, bool] = Field(default_factory=dict)
     sandbox_notes: list[str] = Field(default_factory=list)
+    #: Which clock the timing came from on a device: ``events`` (the runner's device events, confirmed
+    #: by the judge's clocks) or ``judge`` (the judge's own clock: events missing or not confirmed).
+    clock: Literal["events", "judge"] | None = None
 
 
 def describe_exit(status: int | None, vanished: str, unfinished: str = "") -> str:

@@ -62,6 +62,7 @@ class Judge:
     slot_keys: dict[tuple[int, bool], int] = field(default_factory=dict)
     phases: list[tuple[str, float]] = field(default_factory=list)
     clock_disagreements: int = 0
+    clock_used: str | None = None  # "events" or "judge": what the paired device timing counted
     timer_overhead_ms: float | None = None
     exchange_ms: float | None = None
     exchange_fixed_ms: float | None = None  # a call exchange's fixed cost, trusted path (calibrate_calls)

@@ -215,11 +215,13 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
                 judge.shared.close()
     if judge is not None:
         result.sandbox, result.sandbox_notes = judge.sandbox, judge.sandbox_notes
+        if result.timing is not None and judge.clock_used in ("events", "judge"):
+            result.clock = "events" if judge.clock_used == "events" else "judge"
     if isinstance(built.get("resources"), dict):
         result.resources = built["resources"]
     if judge is not None and judge.clock_disagreements:
-        judge.log.append(f"device clock undercut the judge's clock in {judge.clock_disagreements} timed batches: "
-                         "the judge's clock counted there (" + "; ".join(judge.disagreement_samples)
+        judge.log.append(f"device clock not confirmed by the judge's clock ({judge.clock_disagreements}x): "
+                         "the judge's clock counted (" + "; ".join(judge.disagreement_samples)
                          + f"; exchange overhead {judge.exchange_ms} ms, timer overhead {judge.timer_overhead_ms} ms)")
     if judge is not None and judge.clock_pairs:
         ratios = sorted(c / e for e, c in judge.clock_pairs)
