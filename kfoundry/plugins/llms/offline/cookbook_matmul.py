@@ -611,6 +611,9 @@ matmul({args}) {{
             description="BM x BN tile per block, TM x TN per thread in registers, double-buffered shared tiles",
         )
     )
+    out.append(_sgemm_128(spec, pre, args, tiled))
+    if spec.N <= 8:  # skinny products (matrix-vector): a block per output
+        out.append(_gemv_block(spec, pre, args))
     warp = f"""{pre}
 extern "C" __global__ void matmul({args}) {{
     // one warp per (row, TN-column strip): lanes split K, partial sums meet through warp shuffles
@@ -655,6 +658,187 @@ extern "C" __global__ void matmul({args}) {{
         )
     )
     return out
+
+
+def _sgemm_128(spec: OpSpec, pre: str, args: str, tiled: str) -> Recipe:
+    """128 x 128 x 8 tiles, 8 x 8 outputs per thread as four 4 x 4 quadrants 64 apart (conflict-free
+    float4 shared reads), A transposed into padded shared memory, both tiles double-buffered with the
+    next tile's float4 global loads in registers during the current tile's FMAs. Shapes that do not
+    tile (M, N % 128, K % 8, or unaligned rows) run the shared-tile kernel of the same program."""
+    fallback = tiled.replace("void matmul(", "void matmul_tiles(").replace("TS", "16")
+    kernel = f"""{fallback}
+extern "C" __global__ void __launch_bounds__(256, MINB) matmul({args}) {{
+    __shared__ __align__(16) float As[2][8][128 + 4];
+    __shared__ __align__(16) float Bs[2][8][128];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int aRow = tid >> 1, aCol = (tid & 1) * 4;
+    const int bRow = tid >> 5, bCol = (tid & 31) * 4;
+    const int bm = blockIdx.y * 128, bn = blockIdx.x * 128;
+    const float* Ap = A + (size_t)(bm + aRow) * K + aCol;
+    const float* Bp = B + (size_t)bRow * N + bn + bCol;
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    float4 ga = __ldg(reinterpret_cast<const float4*>(Ap));
+    float4 gb = __ldg(reinterpret_cast<const float4*>(Bp));
+    As[0][aCol + 0][aRow] = ga.x; As[0][aCol + 1][aRow] = ga.y; As[0][aCol + 2][aRow] = ga.z; As[0][aCol + 3][aRow] = ga.w;
+    *reinterpret_cast<float4*>(&Bs[0][bRow][bCol]) = gb;
+    __syncthreads();
+    int cur = 0;
+    for (int k0 = 0; k0 < K; k0 += 8) {{
+        const bool more = k0 + 8 < K;
+        if (more) {{
+            ga = __ldg(reinterpret_cast<const float4*>(Ap + k0 + 8));
+            gb = __ldg(reinterpret_cast<const float4*>(Bp + (size_t)(k0 + 8) * N));
+        }}
+        #pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {{
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][kk][64 + ty * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][kk][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][kk][64 + tx * 4]);
+            const float ra[8] = {{a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w}};
+            const float rb[8] = {{b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w}};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
+        }}
+        if (more) {{
+            const int nxt = cur ^ 1;
+            As[nxt][aCol + 0][aRow] = ga.x; As[nxt][aCol + 1][aRow] = ga.y;
+            As[nxt][aCol + 2][aRow] = ga.z; As[nxt][aCol + 3][aRow] = ga.w;
+            *reinterpret_cast<float4*>(&Bs[nxt][bRow][bCol]) = gb;
+        }}
+        __syncthreads();
+        cur ^= 1;
+    }}
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {{
+        const int m = bm + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int n = bn + h * 64 + tx * 4;
+            float4 r;
+            r.x = {_epi_call(spec, "acc[i][h * 4 + 0]", "n")};
+            r.y = {_epi_call(spec, "acc[i][h * 4 + 1]", "n + 1")};
+            r.z = {_epi_call(spec, "acc[i][h * 4 + 2]", "n + 2")};
+            r.w = {_epi_call(spec, "acc[i][h * 4 + 3]", "n + 3")};
+            *reinterpret_cast<float4*>(C + (size_t)m * N + n) = r;
+        }}
+    }}
+}}
+"""
+    a = "x" if spec.linear else "a"
+    body, fargs = _forward(
+        spec,
+        "(N // 128, M // 128, 1)",
+        "(256, 1, 1)",
+        fallback=(
+            "matmul_tiles",
+            "(_cdiv(N, 16), _cdiv(M, 16), 1)",
+            f"M % 128 == 0 and N % 128 == 0 and K % 8 == 0 and _aligned({a})",
+        ),
+    )
+    # the fallback launches with the main kernel's block: (256, 1, 1) is 16 x 16 flattened there
+    body = body.replace("grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(256, 1, 1)",
+                        "grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1)")
+    return Recipe(
+        "matmul/sgemm_128x128",
+        "matmul",
+        "cuda",
+        kernel,
+        body,
+        fargs,
+        TunableSpace(params={"MINB": [1, 2]}),
+        {"MINB": 2},
+        rank=5,
+        modules=spec.modules,
+        description="128x128x8 tiles, 8x8 per thread in conflict-free quadrants, double-buffered shared "
+        "memory with register-staged float4 global loads",
+    )
+
+
+def _gemv_block(spec: OpSpec, pre: str, args: str) -> Recipe:
+    """A block per output C[m, n] (grid-stride over the outputs): the threads stride K, UNROLL float4
+    loads of A's row (and of B when N == 1) in flight per thread, a partial sum per 4 * UNROLL * 4
+    terms of each thread, then warp shuffles and shared memory across the block. float4 where K % 4 == 0
+    and A, B are 16-byte aligned (checked in the kernel), scalar otherwise."""
+    kernel = f"""{pre}
+#define NWARPS (BLOCK_X / 32)
+extern "C" __global__ void __launch_bounds__(BLOCK_X) matmul({args}) {{
+    __shared__ float part[NWARPS];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const bool vec = N == 1 && (K & 3) == 0 && (reinterpret_cast<size_t>(A) & 15) == 0
+                     && (reinterpret_cast<size_t>(B) & 15) == 0;
+    for (long long o = blockIdx.x; o < (long long)M * N; o += gridDim.x) {{
+        const int m = (int)(o / N), n = (int)(o % N);
+        const float* a = A + (size_t)m * K;
+        float total = 0.0f;
+        if (vec) {{
+            const float4* a4 = reinterpret_cast<const float4*>(a);
+            const float4* b4 = reinterpret_cast<const float4*>(B);
+            const int K4 = K >> 2, span = BLOCK_X * UNROLL * 4;
+            for (int c0 = 0; c0 < K4; c0 += span) {{
+                const int c1 = min(K4, c0 + span);
+                float chunk = 0.0f;
+                int c = c0 + t;
+                for (; c + (UNROLL - 1) * BLOCK_X < c1; c += BLOCK_X * UNROLL) {{  // UNROLL loads in flight
+                    float4 x[UNROLL], y[UNROLL];
+                    #pragma unroll
+                    for (int u = 0; u < UNROLL; ++u) {{ x[u] = __ldg(a4 + c + u * BLOCK_X); y[u] = __ldg(b4 + c + u * BLOCK_X); }}
+                    #pragma unroll
+                    for (int u = 0; u < UNROLL; ++u) {{
+                        chunk = fmaf(x[u].x, y[u].x, chunk); chunk = fmaf(x[u].y, y[u].y, chunk);
+                        chunk = fmaf(x[u].z, y[u].z, chunk); chunk = fmaf(x[u].w, y[u].w, chunk);
+                    }}
+                }}
+                for (; c < c1; c += BLOCK_X) {{
+                    const float4 x = __ldg(a4 + c), y = __ldg(b4 + c);
+                    chunk = fmaf(x.x, y.x, chunk); chunk = fmaf(x.y, y.y, chunk);
+                    chunk = fmaf(x.z, y.z, chunk); chunk = fmaf(x.w, y.w, chunk);
+                }}
+                total += chunk;
+            }}
+        }} else {{
+            for (int k0 = 0; k0 < K; k0 += BLOCK_X * 64) {{
+                const int k1 = min(K, k0 + BLOCK_X * 64);
+                float chunk = 0.0f;
+                for (int k = k0 + t; k < k1; k += BLOCK_X) chunk = fmaf(__ldg(a + k), __ldg(B + (size_t)k * N + n), chunk);
+                total += chunk;
+            }}
+        }}
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+        if (lane == 0) part[warp] = total;
+        __syncthreads();
+        if (warp == 0) {{
+            total = lane < NWARPS ? part[lane] : 0.0f;
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+            if (lane == 0) C[(size_t)m * N + n] = {_epi_call(spec, "total", "n")};
+        }}
+        __syncthreads();
+    }}
+}}
+"""
+    body, fargs = _forward(spec, "(max(1, min(M * N, 65535)), 1, 1)", "(p['BLOCK_X'], 1, 1)")
+    return Recipe(
+        "matmul/gemv_block",
+        "matmul",
+        "cuda",
+        kernel,
+        body,
+        fargs,
+        TunableSpace(params={"BLOCK_X": [128, 256, 512], "UNROLL": [2, 4]}),
+        {"BLOCK_X": 256, "UNROLL": 4},
+        rank=3,
+        modules=spec.modules,
+        description="a block per output: float4 loads of A's row, UNROLL in flight per thread, chunked "
+        "partial sums, warp-shuffle and shared-memory merge",
+    )
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
