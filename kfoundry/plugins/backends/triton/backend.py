@@ -17,7 +17,7 @@ from kfoundry.core.models import DeviceProfile, ParamValue
 from kfoundry.plugins.backends.triton.options import TritonOptions
 
 #: Name of the interpreter "device": it says that its times are not representative.
-INTERPRETER_DEVICE = "Triton interpreter on the CPU (correctness only; times not representative)"
+INTERPRETER_DEVICE = "Triton interpreter (CPU; times not representative)"
 
 
 def triton_version() -> str | None:
