@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,10 +78,15 @@ class ModelNew(nn.Module):
 
 
 @pytest.fixture(scope="session")
-def backend() -> TritonBackend:
-    b = TritonBackend(TritonOptions(mode="interpret"))
+def backend() -> Iterator[TritonBackend]:
+    before = os.environ.get("TRITON_INTERPRET")
+    b = TritonBackend(TritonOptions(mode="interpret"))  # sets TRITON_INTERPRET=1 (read by @triton.jit)
     b.select_device(None)
-    return b
+    yield b
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = before
 
 
 def test_the_language_is_registered_by_the_backend_plugin() -> None:
