@@ -493,7 +493,115 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner
         {"BLOCK": 256}, rank=3, modules=mods, lazy=True,
         description="a block per row: float4 loads cached in registers, warp shuffles then shared memory",
     ))
+    if not op.reduce:
+        out.append(_cluster_rows(spec, op, sig, warp))
     return out
+
+
+#: Python of the cluster recipe's ``forward``: the blocks per row (a cluster of 1 to 8), the fewest that
+#: give two blocks per SM with at most 64 KB of the row each, else the most that fit; 0 where the row
+#: does not split into float4 chunks of at most ``limit`` bytes.
+_CLUSTER_PY = """
+
+def _cluster(rows, R, limit=200 * 1024):
+    best = 0
+    for cl in (1, 2, 4, 8):
+        if R % (4 * cl) or R * 4 // cl > limit:
+            continue
+        best = cl
+        if rows * cl >= 2 * 132 and R * 4 // cl <= 64 * 1024:
+            return cl
+    return best
+"""
+
+
+def _cluster_rows(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
+    """A cluster of CL blocks per row (sm_90): each block keeps its CL-th of the row in shared memory
+    (float4 loads, UNROLL in flight), the row's statistics meet through warp shuffles, shared memory and
+    the cluster's distributed shared memory (every block merges the CL partials in rank order), then each
+    block writes its chunk from shared memory: one read and one write of the row. Rows that do not split
+    into float4 chunks of at most 200 KB, or unaligned data, run the warp-per-row kernel."""
+    names = [n for n, _ in op.stats]
+    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
+    shared = "\n    ".join(f"__shared__ float sh_{n}[32]; __shared__ float part_{n};" for n in names)
+    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
+    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
+    bc_w = " ".join(f"part_{n} = {n};" for n in names)
+    remote = " ".join(
+        f"float {n}_o = *static_cast<float*>(__cluster_map_shared_rank(&part_{n}, rk));" for n in names
+    )
+    acc4 = f"float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc}"
+    out4 = (
+        f"float x; int j = j0; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
+        f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
+    )
+    csig = sig.replace("int inner", "int inner, int vec4")
+    kernel = f"""{warp.replace("void rows(", "void rows_warp(")}
+// ROW_LEN (the row length) and CL (blocks per row) are defined when the program is built
+#define NWARPS (BLOCK / 32)
+#define CHUNK (ROW_LEN / CL)
+#define NV4 (CHUNK / 4)
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(BLOCK) rows({csig}) {{
+    extern __shared__ float4 kf_chunk[];
+    {shared}
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned rank = __clusterRelativeBlockRank();
+    const size_t base = (size_t)blockIdx.y * ROW_LEN + (size_t)rank * CHUNK;
+    const float4* xr4 = reinterpret_cast<const float4*>(X + base);
+    float4* yr4 = reinterpret_cast<float4*>(Y + base);
+    {op.declare()}
+    #pragma unroll
+    for (int c = threadIdx.x; c < NV4; c += BLOCK) {{  // NV4 and BLOCK are constants: unrolled, loads in flight
+        float4 q = __ldg(xr4 + c);
+        kf_chunk[c] = q;
+        {acc4}
+    }}
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+    if (lane == 0) {{ {save_w} }}
+    __syncthreads();
+    if (warp == 0) {{
+        {load_w}
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+        if (lane == 0) {{ {bc_w} }}
+    }}
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
+    {{
+        {op.declare()}
+        #pragma unroll
+        for (int rk = 0; rk < CL; ++rk) {{ {remote} {op.merge} }}
+        __cluster_barrier_arrive();  // no block leaves while another still reads its shared memory
+        __cluster_barrier_wait();
+        {op.final}
+        #pragma unroll
+        for (int c = threadIdx.x; c < NV4; c += BLOCK) {{
+            float4 q = kf_chunk[c];
+            const int j0 = (int)(rank * CHUNK) + c * 4;
+            {out4}
+            yr4[c] = q;
+        }}
+    }}
+}}
+"""
+    wb = "self.m0.weight, self.m0.bias, " if spec.affine else ""
+    forward = f"""
+{_dims(spec)}
+cl = _cluster(outer, R)
+if cl and _aligned(x, y) and outer <= 65535:
+    self._program(ROW_LEN=R, CL=cl).rows(x, {wb}y, outer, R, inner, 1, grid=(cl, outer, 1), block=(p['BLOCK'], 1, 1), shared_mem=R // cl * 4)
+else:
+    self._program(ROW_LEN=4, CL=1).rows_warp(x, {wb}y, outer, R, inner, int(R % 4 == 0 and _aligned(x)), grid=(_cdiv(outer * 32, 128), 1, 1), block=(128, 1, 1))
+return y
+"""
+    return Recipe(
+        f"{spec.family}/cluster_smem", spec.family, "cuda", kernel, forward, ["x"],
+        TunableSpace(params={"BLOCK": [256, 512, 1024]}), {"BLOCK": 1024},
+        rank=4, modules=spec.modules, lazy=True, preamble=_CLUSTER_PY,
+        description="a cluster of blocks per row, the row in shared memory, statistics merged through "
+        "distributed shared memory: one read and one write",
+    )
 
 
 def split_rows(spec: OpSpec, language: str) -> Recipe | None:
