@@ -5,7 +5,7 @@ backend (``kf_register_backends``), the ``triton`` language (``kf_register_langu
 its prompt template) and its behaviour descriptors (``kf_register_descriptors``). Without a GPU it runs
 candidates in Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors): correctness only, its times
 are not representative (the device's name and the toolchain say so in every record). With a GPU the
-kernels are compiled. Nothing heavy is imported here: ``triton`` and torch load when a backend is built.
+kernels are compiled. Nothing heavy is imported here: ``triton`` and torch load when a backend is used.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from typing import Any
 
 from kfoundry import hookimpl
 from kfoundry.core.plugins import NoOptions
+from kfoundry.plugins.backends.triton.backend import TritonBackend
 from kfoundry.plugins.backends.triton.language import TRITON
 from kfoundry.plugins.backends.triton.options import TritonOptions
-
-
-def _backend(options: TritonOptions) -> Any:
-    from kfoundry.plugins.backends.triton.backend import TritonBackend
-
-    return TritonBackend(options)
 
 
 def _descriptors(_options: NoOptions) -> Any:
@@ -34,7 +29,7 @@ def _descriptors(_options: NoOptions) -> Any:
 def kf_register_backends(register: Any) -> None:
     register(
         "triton",
-        _backend,
+        TritonBackend,  # the class: its `language` names a plain .py candidate's language in kf-run eval
         options=TritonOptions,
         description="Triton @triton.jit kernels (compiled on a GPU, else Triton's interpreter on the CPU)",
     )
