@@ -769,7 +769,126 @@ extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__
     )
 
 
+def split_rows_vec(spec: OpSpec) -> Recipe | None:
+    """CUDA, rows along the last dimension split across ``split`` blocks each (``split`` computed in
+    ``forward`` for about four waves of blocks): kernel 1 folds each chunk with float4 loads (four in
+    flight per thread) into partial statistics, merged by warp shuffles and shared memory; kernel 2
+    merges a row's partials in one warp and writes its chunk with float4 loads and stores, the chunks
+    in reverse order (the last ones read are still in L2). Scalar where rows are not 16-byte aligned."""
+    if spec.inner != 1:
+        return None
+    op = row_op(spec, "cuda")
+    names = [n for n, _ in op.stats]
+    k = len(names)
+    c = "const float* __restrict__"
+    wb = f"{c} w, {c} b, " if spec.affine else ""
+    shared = "\n    ".join(f"__shared__ float sh_{n}[32];" for n in names)
+    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
+    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
+    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
+    put = " ".join(f"P[((size_t)o * split + chunk) * {k} + {i}] = {n};" for i, n in enumerate(names))
+    get = " ".join(f"float {n}_o = P[((size_t)o * split + q) * {k} + {i}];" for i, n in enumerate(names))
+    bc = " ".join(f"sh_{n}[0] = {n};" for n in names)
+    fetch = " ".join(f"{n} = sh_{n}[0];" for n in names)
+    acc4 = f"{{ float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc} }}"
+    out4 = (
+        f"float x; int j = 4 * cc; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
+        f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
+    )
+    ranges = """const int R4 = R >> 2, per4 = (R4 + split - 1) / split;
+        const int c0 = chunk * per4, c1 = min(R4, c0 + per4);"""
+    sranges = """const int per = (R + split - 1) / split;
+        const int r0 = chunk * per, r1 = min(R, r0 + per);"""
+    if op.reduce:
+        write = f"if (blockIdx.x == 0 && threadIdx.x == 0) Y[o] = {op.result};"
+    else:
+        write = f"""if (vec4) {{
+        {ranges}
+        const float4* x4 = reinterpret_cast<const float4*>(X + (size_t)o * R);
+        float4* y4 = reinterpret_cast<float4*>(Y + (size_t)o * R);
+        // each chunk from its end: kernel 1 read the chunks' ends last, so they may still be in L2
+        for (int cc = c1 - 1 - (int)threadIdx.x; cc >= c0; cc -= BLOCK) {{ float4 q = __ldg(x4 + cc); {out4} y4[cc] = q; }}
+    }} else {{
+        {sranges}
+        for (int r = r0 + threadIdx.x; r < r1; r += BLOCK) {{ float x = __ldg(X + (size_t)o * R + r); int j = r; Y[(size_t)o * R + r] = {op.out}; }}
+    }}"""
+    kernel = f"""
+#define NWARPS (BLOCK / 32)
+extern "C" __global__ void __launch_bounds__(BLOCK) rows_partial({c} X, float* __restrict__ P, int outer, int R,
+                                                                 int split, int vec4) {{
+    {shared}
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunk = blockIdx.x, o = blockIdx.y;
+    {op.declare()}
+    if (vec4) {{
+        {ranges}
+        const float4* x4 = reinterpret_cast<const float4*>(X + (size_t)o * R);
+        int cc = c0 + threadIdx.x;
+        for (; cc + 3 * BLOCK < c1; cc += 4 * BLOCK) {{
+            float4 v[4];
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = __ldg(x4 + cc + u * BLOCK);
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {{ const float4 q = v[u]; {acc4} }}
+        }}
+        for (; cc < c1; cc += BLOCK) {{ const float4 q = __ldg(x4 + cc); {acc4} }}
+    }} else {{
+        {sranges}
+        for (int r = r0 + threadIdx.x; r < r1; r += BLOCK) {{ float x = __ldg(X + (size_t)o * R + r); {op.acc} }}
+    }}
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+    if (lane == 0) {{ {save_w} }}
+    __syncthreads();
+    if (warp == 0) {{
+        {load_w}
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+        if (lane == 0) {{ {put} }}
+    }}
+}}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) rows({c} X, {wb}float* __restrict__ Y, {c} P, int outer,
+                                                         int R, int split, int vec4) {{
+    {shared}
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunk = split - 1 - (int)blockIdx.x, o = outer - 1 - (int)blockIdx.y;
+    {op.declare()}
+    if (warp == 0) {{
+        for (int q = lane; q < split; q += 32) {{ {get} {op.merge} }}
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+        if (lane == 0) {{ {bc} }}
+    }}
+    __syncthreads();
+    {fetch}
+    {op.final}
+    {write}
+}}
+"""
+    wbp = "self.m0.weight, self.m0.bias, " if spec.affine else ""
+    grid2 = "(1, outer, 1)" if op.reduce else "(split, outer, 1)"
+    forward = f"""
+{_dims(spec)}
+vec4 = int(R % 4 == 0 and _aligned(x, y))
+split = max(1, min(256, _cdiv(4 * 132, outer), _cdiv(R, 16 * p['BLOCK'])))
+part = torch.empty((outer, split, {k}), dtype=x.dtype, device=x.device)
+self.prog.rows_partial(x, part, outer, R, split, vec4, grid=(split, outer, 1), block=(p['BLOCK'], 1, 1))
+self.prog.rows(x, {wbp}y, part, outer, R, split, vec4, grid={grid2}, block=(p['BLOCK'], 1, 1))
+return y
+"""
+    return Recipe(
+        f"{spec.family}/split_rows_vec", spec.family, "cuda", kernel, forward, ["x"],
+        TunableSpace(params={"BLOCK": [128, 256, 512, 1024]}), {"BLOCK": 256},
+        rank=4, modules=spec.modules,
+        description="rows split across blocks sized for the GPU: float4 partial statistics, then a "
+        "warp merges them and the chunk is written with float4 (reverse order, L2 hits)",
+    )
+
+
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     out = opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
     extra = [split_rows(spec, language), inner_vector(spec, language)]
+    if language == "cuda":
+        extra.append(split_rows_vec(spec))
     return out + [r for r in extra if r is not None]
