@@ -65,6 +65,7 @@ class Judge:
     clock_used: str | None = None  # "events" or "judge": what the paired device timing counted
     timer_overhead_ms: float | None = None
     exchange_ms: float | None = None
+    timer_overhead_error: float | None = None  # the calibrated per-call overhead's standard error
     exchange_fixed_ms: float | None = None  # a call exchange's fixed cost, trusted path (calibrate_calls)
     disagreement_samples: list[str] = field(default_factory=list)
     sandbox: dict[str, bool] = field(default_factory=dict)

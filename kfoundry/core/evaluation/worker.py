@@ -112,9 +112,9 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     overhead = ready.get("timer_overhead_ms")
     judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
     if per_call is not None:
-        per_call_ms, judge.exchange_fixed_ms = per_call
+        per_call_ms, judge.exchange_fixed_ms, judge.timer_overhead_error = per_call
         judge.log.append(f"per-call overhead on the judge's clock {per_call_ms:.4f} ms (the runner's own: {overhead}); "
-                         f"fixed cost of an exchange {judge.exchange_fixed_ms:.4f} ms")
+                         f"fixed cost of an exchange {judge.exchange_fixed_ms:.4f} ms; standard error {judge.timer_overhead_error:.4f} ms")
         judge.timer_overhead_ms = per_call_ms
     raw_in_force = ready.get("in_force")
     in_force: dict[Any, Any] = raw_in_force if isinstance(raw_in_force, dict) else {}
