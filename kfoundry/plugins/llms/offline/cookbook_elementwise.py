@@ -148,7 +148,83 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
                       TunableSpace(params={"BLOCK_X": [128, 256, 512, 1024], "WAVES": [1, 2, 4, 8, 16, 64]}),
                       {"BLOCK_X": 256, "WAVES": 8}, rank=1,
                       description="float4 loads/stores, grid-stride loop sized in waves of the SMs"))
+    out.append(_vector_ilp(spec, expr, sig, nin))
     return out
+
+
+#: tanh through one exponential (CUDA): 1 - 2 / (exp(2|u|) + 1) with the sign of u; below |u| = 1/16
+#: (where that form would cancel) the odd Taylor series to u^7. Relative error a few 1e-6 (fp32 scale:
+#: the exponential's and the division's roundings, amplified at most 16x near 1/16); exact limits at
+#: +-inf, NaN kept.
+KF_TANH = """
+__device__ __forceinline__ float kf_tanh(float u) {
+    const float a = fabsf(u), u2 = u * u;
+    const float e = __expf(2.0f * a);
+    const float big = 1.0f - __frcp_rn(0.5f * e + 0.5f);
+    const float small = u * (1.0f + u2 * (-0.333333333f + u2 * (0.133333333f + u2 * -0.0539682540f)));
+    return a < 0.0625f ? small : copysignf(big, u);
+}
+"""
+
+
+def _vector_ilp(spec: OpSpec, expr: str, sig: str, nin: int) -> Recipe:
+    """float4 grid-stride with ILP vectors per thread per step (all loads issued before any math), and
+    with FAST tanh through one exponential (:data:`KF_TANH`) instead of tanhf."""
+    fexpr = expr.replace("tanhf(", "KF_TANHF(")
+
+    def lane(comp: str, u: str) -> str:
+        vs = " ".join(f"float v{k} = q{k}[{u}].{comp};" for k in range(nin))
+        return f"{{ {vs} r.{comp} = {fexpr}; }}"
+
+    loads = " ".join(
+        f"q{k}[u] = __ldg(reinterpret_cast<const float4*>(in{k}) + c + u * stride);" for k in range(nin)
+    )
+    decl = " ".join(f"float4 q{k}[ILP];" for k in range(nin))
+    sloads = _loads(spec, "i")
+    kernel = f"""{KF_TANH}
+#if FAST
+#define KF_TANHF(u) kf_tanh(u)
+#else
+#define KF_TANHF(u) tanhf(u)
+#endif
+extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec4) {{
+    // grid-stride over float4 vectors, ILP of them per thread per step: their loads are all in flight
+    // before the first store; vec4 (every pointer 16-byte aligned, decided in forward) or else scalar
+    const long long stride = (long long)gridDim.x * BLOCK_X, t0 = (long long)blockIdx.x * BLOCK_X + threadIdx.x;
+    const long long nv = vec4 ? n / 4 : 0;
+    long long c = t0;
+    for (; c + (ILP - 1) * stride < nv; c += ILP * stride) {{
+        {decl}
+        #pragma unroll
+        for (int u = 0; u < ILP; ++u) {{ {loads} }}
+        #pragma unroll
+        for (int u = 0; u < ILP; ++u) {{
+            float4 r;
+            {lane("x", "u")} {lane("y", "u")} {lane("z", "u")} {lane("w", "u")}
+            reinterpret_cast<float4*>(Y)[c + u * stride] = r;
+        }}
+    }}
+    for (; c < nv; c += stride) {{
+        {decl.replace("[ILP]", "[1]")}
+        {loads.replace("u * stride", "0").replace("[u]", "[0]")}
+        float4 r;
+        {lane("x", "0")} {lane("y", "0")} {lane("z", "0")} {lane("w", "0")}
+        reinterpret_cast<float4*>(Y)[c] = r;
+    }}
+    for (long long i = nv * 4 + t0; i < n; i += stride) {{ {sloads} Y[i] = {fexpr}; }}
+}}
+"""
+    body, args = _forward(
+        spec, "(max(1, min(_cdiv(_cdiv(n, 4), p['BLOCK_X'] * p['ILP']), p['WAVES'] * 132)), 1, 1)",
+        "(p['BLOCK_X'], 1, 1)",
+        extra=f", int(_aligned({', '.join(f'x{k}' for k in range(nin))}, y))",
+    )
+    fast = [1, 0] if "tanhf(" in expr else [0]
+    return Recipe("elementwise/vector_ilp", "elementwise", "cuda", kernel, body, args,
+                  TunableSpace(params={"BLOCK_X": [128, 256, 512], "WAVES": [4, 8, 16, 32], "ILP": [1, 2, 4],
+                                       "FAST": fast}),
+                  {"BLOCK_X": 256, "WAVES": 16, "ILP": 2, "FAST": fast[0]}, rank=2,
+                  description="float4 grid-stride, ILP vectors in flight per thread, tanh through one exp")
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
