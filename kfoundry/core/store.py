@@ -305,6 +305,18 @@ class Store:
         rows = self.query(sql + " ORDER BY id", args)
         return [self.decode(EvalRecord, r["record"], f"evaluations row {r['id']}") for r in rows]
 
+    def copy_evaluations_from(self, other: Store) -> int:
+        """Copy ``other``'s evaluations (without their run) and reference timings into this store, so
+        they serve as its evaluation cache; returns the evaluations copied."""
+        columns = "eval_key, candidate_hash, problem, backend, device, outcome, speedup, median_ms, created_at, record"
+        rows = other.query(f"SELECT {columns} FROM evaluations ORDER BY id")
+        self.executemany(
+            f"INSERT INTO evaluations ({columns}) VALUES ({','.join('?' * 10)})", [tuple(r) for r in rows]
+        )
+        refs = other.query("SELECT key, created_at, timing FROM reference_timings")
+        self.executemany("INSERT OR REPLACE INTO reference_timings VALUES (?,?,?)", [tuple(r) for r in refs])
+        return len(rows)
+
     # -- reference timings --------------------------------------------------------------------------
 
     def save_reference_timing(self, key: str, timing: TimingStats) -> None:

@@ -12,8 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kfoundry.core.config import RunConfig, load_config
+from kfoundry.core.db.loop import Row
 from kfoundry.core.errors import ConfigError
-from kfoundry.core.loop import OptimizeLoop, Row, seed_count
+from kfoundry.core.loop import OptimizeLoop
+from kfoundry.core.run.planning import seed_count
 
 if TYPE_CHECKING:
     from kfoundry.api import OptimizeResult

@@ -14,19 +14,11 @@ import click
 from kfoundry.core.config import load_config
 from kfoundry.core.store import Store
 
-_EVAL_COLUMNS = "eval_key, candidate_hash, problem, backend, device, outcome, speedup, median_ms, created_at, record"
-
 
 def seed_evaluation_cache(recorded: Path, new: Path) -> int:
     """Copy the recorded store's evaluations and reference timings into a new store; rows copied."""
     with Store(recorded) as old, Store(new) as fresh:
-        rows = old.query(f"SELECT {_EVAL_COLUMNS} FROM evaluations ORDER BY id")
-        fresh.executemany(
-            f"INSERT INTO evaluations ({_EVAL_COLUMNS}) VALUES ({','.join('?' * 10)})", [tuple(r) for r in rows]
-        )
-        refs = old.query("SELECT key, created_at, timing FROM reference_timings")
-        fresh.executemany("INSERT OR REPLACE INTO reference_timings VALUES (?,?,?)", [tuple(r) for r in refs])
-    return len(rows)
+        return fresh.copy_evaluations_from(old)
 
 
 @click.command(
@@ -42,7 +34,9 @@ def seed_evaluation_cache(recorded: Path, new: Path) -> int:
     show_default=True,
     help="A call the recording lacks: fail, or take the member's next recorded reply.",
 )
-@click.option("--remeasure", is_flag=True, help="Evaluate every kernel again instead of reusing the recorded verdicts.")
+@click.option(
+    "--remeasure", is_flag=True, help="Evaluate every kernel again instead of reusing the recorded verdicts."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def command(run_dir: str, on_miss: str, remeasure: bool, as_json: bool) -> None:
     """Re-run RUN_DIR's problem and config in a new run folder, serving every LLM reply from its recording.
@@ -53,7 +47,13 @@ def command(run_dir: str, on_miss: str, remeasure: bool, as_json: bool) -> None:
     from kfoundry.api import run_folder
     from kfoundry.core.commands.optimize import cli_observer, finish
     from kfoundry.core.ensemble import replay_config
-    from kfoundry.core.loop import STORE_FILE, new_run_dir, read_run_file, run_shape_sets, write_run_file
+    from kfoundry.core.run.folder import (
+        STORE_FILE,
+        new_run_dir,
+        read_run_file,
+        run_shape_sets,
+        write_run_file,
+    )
 
     folder = Path(run_dir)
     info = read_run_file(folder)

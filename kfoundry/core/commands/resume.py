@@ -9,14 +9,13 @@ store's lock.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from kfoundry.core.config import load_config
-from kfoundry.core.loop import STORE_FILE, LoopState, read_run_file
-from kfoundry.core.models import Candidate, EvalRecord
-from kfoundry.core.search import SearchAsk
+from kfoundry.core.db import loop as loop_db
+from kfoundry.core.run.folder import STORE_FILE, read_run_file
+from kfoundry.core.run.state import LoopState
 from kfoundry.core.store import Store, StoreError
 
 
@@ -57,25 +56,10 @@ def verify_rows(store: Store, run_id: str) -> None:
 def _verify_rows(store: Store, run_id: str) -> None:
     store.list_candidates(run_id)
     store.evaluations(run_id=run_id)
-    tables = {r["name"] for r in store.query("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "loop_state" in tables:
-        for r in store.query("SELECT data FROM loop_state WHERE run_id=?", (run_id,)):
-            store.decode(LoopState, r["data"], f"loop_state row of run {run_id!r}")
-    if "loop_proposals" in tables:
-        for r in store.query("SELECT * FROM loop_proposals WHERE run_id=?", (run_id,)):
-            where = f"loop_proposals row (generation {r['generation']}, index {r['idx']})"
-            store.decode(SearchAsk, r["ask"], where + ", column ask")
-            _optional(store, Candidate, r["candidate"], where + ", column candidate")
-            _optional(store, EvalRecord, r["record"], where + ", column record")
-            if r["coords"]:
-                coords = store.decode_json(r["coords"], where + ", column coords")
-                if not isinstance(coords, list):
-                    raise StoreError(f"store {store.path}: {where}, column coords is unreadable: not a list")
-
-
-def _optional(store: Store, model: Any, text: str | None, where: str) -> None:
-    if text:
-        store.decode(model, text, where)
+    state = loop_db.load_state(store, run_id)
+    if state is not None:
+        store.decode(LoopState, state, f"loop_state row of run {run_id!r}")
+    loop_db.proposals(store, run_id)  # every proposal reads back, or one line naming its row and column
 
 
 @click.command(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from kfoundry.core.errors import StoreError
 from kfoundry.core.models import ArchiveCell, Candidate, EvalRecord
 from kfoundry.core.search import SearchAsk
 from kfoundry.core.store import Store
@@ -57,21 +58,30 @@ def proposals(store: Store, run_id: str, generation: int | None = None) -> list[
         args.append(generation)
     out = []
     for r in store.query(sql + " ORDER BY generation, idx", args):
-        where = f"loop_proposals row (generation {r['generation']}, index {r['idx']})"
+        where = f"loop_proposals row (generation {r['generation']}, index {r['idx']}), column"
         out.append(
             Row(
                 generation=r["generation"],
                 idx=r["idx"],
-                ask=store.decode(SearchAsk, r["ask"], where + ", column ask"),
-                candidate=store.decode(Candidate, r["candidate"], where) if r["candidate"] else None,
+                ask=store.decode(SearchAsk, r["ask"], f"{where} ask"),
+                candidate=store.decode(Candidate, r["candidate"], f"{where} candidate")
+                if r["candidate"]
+                else None,
                 generator=r["generator"],
                 rationale=r["rationale"],
                 parse_error=r["parse_error"],
-                coords=tuple(store.decode_json(r["coords"], where)) if r["coords"] else None,
-                record=store.decode(EvalRecord, r["record"], where) if r["record"] else None,
+                coords=_coords(store, r["coords"], f"{where} coords") if r["coords"] else None,
+                record=store.decode(EvalRecord, r["record"], f"{where} record") if r["record"] else None,
             )
         )
     return out
+
+
+def _coords(store: Store, text: str, where: str) -> tuple[int, ...]:
+    coords = store.decode_json(text, where)
+    if not isinstance(coords, list) or not all(isinstance(c, int) for c in coords):
+        raise StoreError(f"store {store.path}: {where} is unreadable: not a list of cell indices")
+    return tuple(coords)
 
 
 def insert_proposals(store: Store, run_id: str, rows: Iterable[Row]) -> None:
