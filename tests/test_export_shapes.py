@@ -108,7 +108,7 @@ def test_exported_package_matches_the_reference_in_a_fresh_process(
         out = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for b, d in [(4, 32), (64, 256), (3, 100), (8, 2048)]:
+            for b, d in [(4, 32), (64, 256), (3, 100), (8, 2048), (16, 513)]:
                 x = torch.rand(b, d)
                 y = k.Kernel()(x) if b == 64 else k.softmax(x)
                 out.append([b, d, bool(torch.allclose(y, torch.softmax(x, 1), atol=1e-5)), k.dispatcher.last_choice])
@@ -123,12 +123,18 @@ def test_exported_package_matches_the_reference_in_a_fresh_process(
     result = json.loads(fresh.stdout.strip().splitlines()[-1])
     calls = result["calls"]
     assert all(c[2] for c in calls), calls  # every shape matches the reference, the uncovered ones too
-    for b, d, _, choice in calls[:4]:
-        covered = [[b, d]] in kept
+    from kfoundry.core.report.dispatch import covers
+
+    ranges = [e.get("input_ranges") for e in table["entries"]]
+    for b, d, _, choice in calls[:5]:  # exact shapes, and shape ranges where a kernel proved shape-generic
+        covered = [[b, d]] in kept or any(covers(r, [[b, d]]) for r in ranges)
         assert choice.startswith("kernel:") if covered else choice.startswith("reference: "), (b, d, choice)
-    assert calls[2][3] == "reference: no kernel for input shapes [[3, 100]]"
-    assert calls[4][3].startswith("reference: no kernel for dtypes ['float64']")
-    misses = 2 + sum(1 for b, d, _, _ in calls[:4] if [[b, d]] in left_out)
+    assert calls[2][3] == "reference: no kernel for input shapes [[3, 100]]"  # below every range
+    assert calls[5][3].startswith("reference: no kernel for dtypes ['float64']")
+    # the run's kernels take their sizes from the inputs: at least one covers the range between the sets
+    assert any(r == [[[4, 64], [7, 2048]]] for r in ranges), ranges
+    uncovered = [(b, d) for b, d, _, c in calls[:5] if c.startswith("reference")]
+    misses = 1 + len(uncovered)
     assert len(result["warnings"]) == misses  # one per kind of miss, never silent
 
 

@@ -26,20 +26,15 @@ import math
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kfoundry.core.db import tuning as tuning_db
 from kfoundry.core.errors import ConfigError, KfError
 from kfoundry.core.models import Candidate, ParamValue, stable_hash
 from kfoundry.core.space import Config, ParamSpace
 
 log = logging.getLogger(__name__)
-
-PERF_DDL = """CREATE TABLE IF NOT EXISTS perf_records (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, problem TEXT, kernel TEXT, backend TEXT,
-    device TEXT, shapes TEXT, params TEXT, time_ms REAL, created TEXT
-)"""
 
 #: Distance of a record measured on another device, of a different kernel of the same problem, and
 #: of one doubling (or halving) of a shape, averaged over the shapes both contexts name.
@@ -95,22 +90,10 @@ def remember(
     store: Any, run_id: str | None, context: Context, backend: str, config: Config, time_ms: float
 ) -> None:
     """Add one correct measurement to ``store``'s performance records."""
-    store.ensure_table(PERF_DDL)
-    store.execute(
-        "INSERT INTO perf_records (run_id, problem, kernel, backend, device, shapes, params, time_ms, created)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            run_id,
-            context.problem,
-            context.kernel,
-            backend,
-            context.device,
-            json.dumps(dict(context.shapes)),
-            json.dumps(config),
-            time_ms,
-            datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        ),
-    )
+    tuning_db.insert_perf_record(
+        store, run_id, problem=context.problem, kernel=context.kernel, backend=backend, device=context.device,
+        shapes=context.shapes, params=config, time_ms=time_ms,
+    )  # fmt: skip
 
 
 def remember_trial(evaluator: Any, candidate: Candidate, config: Config, time_ms: float | None) -> None:
@@ -142,24 +125,13 @@ def _rows_to_records(rows: Iterable[Any], origin: str) -> list[PerfRecord]:
 
 def store_records(store: Any, origin: str = "this run") -> list[PerfRecord]:
     """Every performance record in an open :class:`~kfoundry.core.store.Store`."""
-    if not store.query("SELECT name FROM sqlite_master WHERE type='table' AND name='perf_records'"):
-        return []
-    rows = store.query("SELECT problem, kernel, device, shapes, params, time_ms FROM perf_records")
-    return _rows_to_records(rows, origin)
+    return _rows_to_records(tuning_db.perf_rows(store), origin)
 
 
 def _read_store_file(path: Path) -> list[PerfRecord]:
     """Records of a store file, read-only (another run's database is never written)."""
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-            conn.row_factory = sqlite3.Row
-            if not conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name='perf_records'"
-            ).fetchall():
-                return []
-            rows = conn.execute(
-                "SELECT problem, kernel, device, shapes, params, time_ms FROM perf_records"
-            ).fetchall()
+        rows = tuning_db.perf_rows_of_file(path)
     except sqlite3.Error as exc:
         raise WarmStartError(f"tuner.warm_start: {path}: not a readable kfoundry store ({exc})") from None
     return _rows_to_records(rows, str(path))
