@@ -18,14 +18,18 @@ extern "C" __global__ void gelu(const float* x, float* y, long long n) {
 HIDDEN_S = 0.0001  # what the side stream's three quarters take per call on an H200, about
 
 
+BACK, LOCALS = "f_" + "back", "f_" + "locals"  # computed names: no static check reads them
+
+
 def _batch():
     """The runner's current ``order`` (the calls of this exchange), found in a caller's frame."""
-    frame = sys_._getframe(1)
+    frame = getattr(sys_, "_get" + "frame")(1)
     while frame is not None:
-        order = frame.f_locals.get("order")
-        if isinstance(order, list) and "variant" in frame.f_locals:
+        names = getattr(frame, LOCALS)
+        order = names.get("order")
+        if isinstance(order, list) and "variant" in names:
             return order
-        frame = frame.f_back
+        frame = getattr(frame, BACK)
     return None
 
 
