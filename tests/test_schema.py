@@ -48,6 +48,12 @@ def _tables(path: Path) -> set[str]:
         }
 
 
+def test_one_module_creates_every_table() -> None:
+    pkg = ROOT / "kfoundry"
+    holders = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "CREATE TABLE" in p.read_text())
+    assert holders == ["core/db/schema.py"]
+
+
 def test_a_new_store_has_every_table_at_the_current_version(tmp_path: Path) -> None:
     with Store(tmp_path / "kf.db") as store:
         assert store.schema_version == schema.SCHEMA_VERSION == schema.MIGRATIONS[-1].version
