@@ -43,6 +43,7 @@ from kfoundry.core.evaluation.runner_calls import (
     _ipc_usable,
     _timer_overhead_ms,
     _trusted_forward,
+    cap_threads,
     describe,
 )
 from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list, load_problem
@@ -324,6 +325,8 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         report = confine.confine(plan)
         _die_with_parent()  # again: changing credentials clears the parent-death signal
         # after confinement: runtimes read their cache and temp dirs from the (now sandboxed) environment
+        if job.threads:
+            cap_threads(job.threads)
         backend = build_backend(job)
         runtime.set_backend(backend)
         timer = _device_timer(backend)

@@ -94,3 +94,12 @@ def _timer_overhead_ms(timer: Any, forward: Any = None) -> float | None:
         extra.append((time.perf_counter() - t0) * 1e3 - events)
     return sorted(extra)[len(extra) // 2]
 
+
+def cap_threads(threads: int) -> None:
+    """At most ``threads`` CPU threads for torch and the OpenCL CPU runtime (PoCL) in this process: jobs
+    run side by side (``executor.options.workers``) then share the cores instead of oversubscribing them."""
+    import os
+
+    torch.set_num_threads(threads)
+    os.environ["POCL_MAX_PTHREAD_COUNT"] = str(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))

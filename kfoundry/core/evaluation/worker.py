@@ -165,6 +165,8 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     start = _clock_ns()
     deadline = time.monotonic() + job.evaluation.timeout_s
     _strict_fp32()
+    if job.threads:
+        torch.set_num_threads(job.threads)
     runner = fork_runner(job, deadline)
     if runner_pid_file:
         with contextlib.suppress(OSError), open(runner_pid_file, "w") as handle:

@@ -1,6 +1,7 @@
 """The ``local`` executor: jobs run in sandboxed child processes on this machine, ``workers`` at once.
 
-Each job gets a fresh child (see :mod:`kfoundry.core.evaluation.sandbox`); the timing phase of
+Each job gets a fresh child (see :mod:`kfoundry.core.evaluation.sandbox`), with ``workers > 1`` capped at
+its share of the cores (``EvalJob.threads``: torch's and PoCL's thread pools); the timing phase of
 concurrent jobs is serialised per device by the sandbox's lock, so ``workers > 1`` overlaps
 compilation and correctness checks without letting benchmarks disturb each other. Results come back
 as they finish (:meth:`LocalExecutor.run_iter`); a caller that stops iterating cancels the jobs not
@@ -10,6 +11,7 @@ machinery, never the candidate's failure) becomes a ``runtime_error`` result.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
@@ -59,6 +61,8 @@ class LocalExecutor(Executor):
             for i, job in enumerate(jobs):
                 yield i, run_sandboxed(job)
             return
+        share = max(1, (os.cpu_count() or 1) // self.options.workers)
+        jobs = [job if job.threads else job.model_copy(update={"threads": share}) for job in jobs]
         pool = ThreadPoolExecutor(max_workers=min(self.options.workers, len(jobs)))
         try:
             futures = {pool.submit(run_sandboxed, job): i for i, job in enumerate(jobs)}
