@@ -73,6 +73,18 @@ def test_runs_candidates_evaluations_roundtrip(tmp_path: Path) -> None:
         assert store.get_reference_timing("ref") == _record("x").timing
 
 
+def test_evaluations_by_run_and_copied_as_a_cache(tmp_path: Path) -> None:
+    with Store(tmp_path / "a.sqlite") as old, Store(tmp_path / "b.sqlite") as fresh:
+        old.save_evaluation(_record("k1"), run_id="r1")
+        old.save_reference_timing("ref", _record("x").timing)  # type: ignore[arg-type]
+        assert old.has_evaluation("k1", "r1") and not old.has_evaluation("k1", None)
+        assert not old.has_evaluation("k2", "r1")
+        assert fresh.copy_evaluations_from(old) == 1
+        assert fresh.has_evaluation("k1", None)  # copied without its run: a cache for the new one
+        cached = fresh.cached_evaluation("k1")
+        assert cached is not None and cached.cached and fresh.get_reference_timing("ref") is not None
+
+
 def test_extension_tables(tmp_path: Path) -> None:
     with Store(tmp_path / "kf.sqlite") as store:
         store.ensure_table("CREATE TABLE IF NOT EXISTS archive (cell TEXT PRIMARY KEY, fitness REAL)")

@@ -293,6 +293,13 @@ class Store:
         record.cached = True
         return record
 
+    def has_evaluation(self, eval_key: str, run_id: str | None) -> bool:
+        """Whether an evaluation under ``eval_key`` is stored for ``run_id`` (None: for no run)."""
+        rows = self.query(
+            "SELECT 1 FROM evaluations WHERE eval_key=? AND run_id IS ? LIMIT 1", (eval_key, run_id)
+        )
+        return bool(rows)
+
     def evaluations(self, run_id: str | None = None, candidate_hash: str | None = None) -> list[EvalRecord]:
         """Stored evaluations in insertion order, optionally filtered."""
         sql, args = "SELECT id, record FROM evaluations WHERE 1=1", []
