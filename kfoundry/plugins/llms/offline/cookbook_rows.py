@@ -886,9 +886,77 @@ return y
     )
 
 
+def inner_columns(spec: OpSpec) -> Recipe | None:
+    """CUDA, rows along a non-last dimension (stride ``inner``): a thread per column, neighbouring
+    threads on neighbouring columns (coalesced scalar loads). Rows of at most 64 (ROW_LEN, built per
+    shape) stay in registers, loaded all at once: one read and one write; longer rows stream with eight
+    loads in flight (a second read for the output of non-reductions)."""
+    if spec.inner == 1:
+        return None
+    op = row_op(spec, "cuda")
+    names = [n for n, _ in op.stats]
+    sig = _sig(spec, "cuda")
+    if op.reduce:
+        cached_write = stream_write = f"Y[(size_t)o * inner + col] = {op.result};"
+    else:
+        cached_write = """#pragma unroll
+        for (int r = 0; r < ROW_LEN; ++r) { float x = v[r]; int j = r; yr[(size_t)r * inner] = OUT; }""".replace(
+            "OUT", op.out
+        )
+        stream_write = (
+            "for (int r = 0; r < R; ++r) { float x = __ldg(xr + (size_t)r * inner); int j = r; "
+            f"yr[(size_t)r * inner] = {op.out}; }}"
+        )
+    kernel = f"""
+// ROW_LEN (the row length) is defined when the program is built for the input's shape
+extern "C" __global__ void __launch_bounds__(BLOCK_X) rows({sig}) {{
+    const long long col = (long long)blockIdx.x * BLOCK_X + threadIdx.x;
+    if (col >= inner) return;
+    for (int o = blockIdx.y; o < outer; o += gridDim.y) {{
+        const float* xr = X + (size_t)o * R * inner + col;
+        float* yr = Y + (size_t)o * {"1" if op.reduce else "R"} * inner + col;
+#if ROW_LEN <= 64
+        {op.declare()}
+        float v[ROW_LEN];
+        #pragma unroll
+        for (int r = 0; r < ROW_LEN; ++r) v[r] = __ldg(xr + (size_t)r * inner);
+        #pragma unroll
+        for (int r = 0; r < ROW_LEN; ++r) {{ float x = v[r]; {op.acc} }}
+        {op.final}
+        {cached_write}
+#else
+        // statistics per chunk of 64 rows, merged into the running ones (_s): sums stay fp32-sound
+        {op.declare("_s")}
+        for (int r0 = 0; r0 < R; r0 += 64) {{
+            {op.declare()}
+            const int r1 = min(R, r0 + 64);
+            #pragma unroll 8
+            for (int r = r0; r < r1; ++r) {{ float x = __ldg(xr + (size_t)r * inner); {op.acc} }}
+            {{ {" ".join(f"float {n}_o = {n}_s;" for n in names)} {op.merge} {" ".join(f"{n}_s = {n};" for n in names)} }}
+        }}
+        {{
+            {" ".join(f"float {n} = {n}_s;" for n in names)}
+            {op.final}
+            {stream_write}
+        }}
+#endif
+        (void)yr;
+    }}
+}}
+"""
+    return Recipe(
+        f"{spec.family}/inner_columns", spec.family, "cuda", kernel,
+        _forward(spec, "(_cdiv(inner, p['BLOCK_X']), min(outer, 65535), 1)", "(p['BLOCK_X'], 1, 1)",
+                 program="self._program(ROW_LEN=R)"),
+        ["x"], TunableSpace(params={"BLOCK_X": [64, 128, 256, 512]}), {"BLOCK_X": 128}, rank=3,
+        modules=spec.modules, lazy=True,
+        description="a thread per column (coalesced), short rows kept in registers: one read",
+    )
+
+
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     out = opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
     extra = [split_rows(spec, language), inner_vector(spec, language)]
     if language == "cuda":
-        extra.append(split_rows_vec(spec))
+        extra += [split_rows_vec(spec), inner_columns(spec)]
     return out + [r for r in extra if r is not None]
