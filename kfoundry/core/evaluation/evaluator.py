@@ -131,6 +131,7 @@ class Evaluator:
             device=self._device.index,
             evaluation=self.config.evaluation,
             lock_path=self.lock_path,
+            on_gpu=self.backend.torch_device != "cpu",
         )
 
     def reference_timing(self) -> TimingStats:

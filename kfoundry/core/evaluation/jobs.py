@@ -34,6 +34,9 @@ class EvalJob(BaseModel):
     #: judge's clock over batches of B and 2B calls, their difference per call (no device events, no
     #: exchange calibration): the independent second measurement of a flagged kernel.
     timing_method: Literal["standard", "differential"] = "standard"
+    #: Whether the backend runs on a GPU (its torch device is not the CPU): the GPU driver reserves far
+    #: more virtual address space than it uses, so such jobs run without an address-space limit.
+    on_gpu: bool = False
     #: CPU threads the job's judge and runner may use (None: all); the local executor sets it to the
     #: cores divided by its workers.
     threads: int | None = Field(default=None, ge=1)

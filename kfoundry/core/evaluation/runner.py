@@ -318,7 +318,7 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
             scratch_mb=ev.scratch_mb,
             readable=readable,
             keep_fds=(chan.fileno(),),
-            memory_mb=None if job.backend == "cuda" else ev.memory_limit_mb,
+            memory_mb=None if job.on_gpu or job.backend == "cuda" else ev.memory_limit_mb,
             max_processes=ev.max_processes,
             uid=int(setup["uid"]) if isinstance(setup.get("uid"), int) else None,
         )

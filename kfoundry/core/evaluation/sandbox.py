@@ -177,8 +177,8 @@ def run_sandboxed(job: EvalJob) -> JobResult:
     Path(log_path).touch()
     timeout = job.evaluation.timeout_s
     # The CUDA driver reserves far more virtual address space than it uses (unified addressing):
-    # an address-space limit makes context creation fail, so CUDA jobs run without one.
-    memory_mb = None if job.backend == "cuda" else job.evaluation.memory_limit_mb
+    # an address-space limit makes context creation fail, so GPU jobs (any backend) run without one.
+    memory_mb = None if job.on_gpu or job.backend == "cuda" else job.evaluation.memory_limit_mb
     waiter = _server.submit({"job": job.model_dump_json(), "log": log_path, "result": result_path, "memory_mb": memory_mb})
     try:
         waiter.started.wait(START_TIMEOUT_S)
