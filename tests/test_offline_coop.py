@@ -31,7 +31,7 @@ DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
 
 #: Problems whose cooperative schedule takes every kind of lane loop: sums and means (split too),
-#: max/min, arg-max/min, products, norms, log-sum-exp, softmax rows, short-row norms, losses,
+#: max/min, arg-max/min, products, norms, log-sum-exp, softmax rows, scans, short-row norms, losses,
 #: cosine similarity, and register-blocked products with epilogues.
 COOP = [
     "level1/argmax_dim.py",
@@ -39,6 +39,9 @@ COOP = [
     "level1/prod_over_dim.py",
     "level1/logsumexp_dim.py",
     "level1/softmax_dim1_3d.py",
+    "level1/cumsum_exclusive.py",
+    "level1/cumsum_masked.py",
+    "level1/cumprod.py",
     "level1/l1_norm.py",
     "level1/frobenius_norm.py",
     "level1/group_norm.py",
@@ -57,6 +60,7 @@ CUDA_VARIANTS = (
     "graph/fused_coop",
     "/cluster_smem",
     "/split_rows_vec",
+    "/inner_columns",
     "matmul/sgemm_128x128",
     "matmul/gemv_block",
     "elementwise/vector_ilp",

@@ -96,6 +96,19 @@ __device__ __forceinline__ float kf_wmin(float v) {
     for (int o = 16; o > 0; o >>= 1) { float w = __shfl_xor_sync(KF_WARP_ALL, v, o); v = (w < v || w != w) ? w : v; }
     return v;
 }
+__device__ __forceinline__ float kf_wscan_add(float v) {
+    const int lane = (int)(threadIdx.x & 31);
+    #pragma unroll
+    for (int o = 1; o < 32; o <<= 1) { const float t = __shfl_up_sync(KF_WARP_ALL, v, o); if (lane >= o) v += t; }
+    return v;
+}
+__device__ __forceinline__ float kf_wscan_mul(float v) {
+    const int lane = (int)(threadIdx.x & 31);
+    #pragma unroll
+    for (int o = 1; o < 32; o <<= 1) { const float t = __shfl_up_sync(KF_WARP_ALL, v, o); if (lane >= o) v *= t; }
+    return v;
+}
+__device__ __forceinline__ float kf_wlast(float v) { return __shfl_sync(KF_WARP_ALL, v, 31); }
 __device__ __forceinline__ kf_long kf_warg(float b, kf_long i, int want_max) {
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -147,6 +160,23 @@ kf_long kf_warg_(float b, kf_long i, int want_max, __local float* shf, __local k
     }
     return i;
 }
+float kf_wscan_(float v, __local float* sh, int mul) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    sh[get_local_id(0)] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float r = sh[KF_WBASE];
+    for (int k = 1; k <= (int)(get_local_id(0) & 31); ++k) r = mul ? r * sh[KF_WBASE + k] : r + sh[KF_WBASE + k];
+    return r;
+}
+float kf_wlast_(float v, __local float* sh) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    sh[get_local_id(0)] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return sh[KF_WBASE + 31];
+}
+#define kf_wscan_add(v) kf_wscan_((v), kf_shf, 0)
+#define kf_wscan_mul(v) kf_wscan_((v), kf_shf, 1)
+#define kf_wlast(v) kf_wlast_((v), kf_shf)
 #define kf_wsum(v) kf_wop((v), kf_shf, 0)
 #define kf_wprod(v) kf_wop((v), kf_shf, 1)
 #define kf_wmax(v) kf_wop((v), kf_shf, 2)

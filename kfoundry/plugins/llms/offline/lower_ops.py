@@ -828,6 +828,9 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
     def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
         r = L.fresh("r")
         at = [*c[:d], r, *c[d + 1 :]]
+        if key != "cummax" and L.lanes(src.shape[d]):
+            return _warp_scan(L, key == "cumprod", R, lambda q: src.load([*c[:d], q, *c[d + 1 :]]),
+                              lambda q, v: store([*c[:d], q, *c[d + 1 :]], v))
         if key == "cumprod":
             return f"float run = 1.0f; for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ run *= {src.load(at)}; {store(at, 'run')} }}"
         if key == "cummax":
@@ -840,6 +843,38 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
         )
 
     return L.emit_rows(src.shape, f"S{n}", [d], body, key, node=node)
+
+
+def _warp_scan(
+    L: Lowering, mul: bool, count: str, x: Callable[[str], str], store: Callable[[str, str], str]
+) -> str:
+    """A row's inclusive scan across a warp: 4 x 32 elements per step (their loads in flight together),
+    each 32 scanned by shuffles and added to (multiplied into) the carry, a compensated (Kahan) carry for
+    sums."""
+    r0, q = L.fresh("r"), L.fresh("q")
+    one, scan = ("1.0f", "kf_wscan_mul") if mul else ("0.0f", "kf_wscan_add")
+    step = (
+        "carry *= kf_wlast(v[u]);"
+        if mul
+        else "{ const float yv = kf_wlast(v[u]) - comp; const float tv = carry + yv; comp = (tv - carry) - yv; carry = tv; }"
+    )
+    out = "carry * v[u]" if mul else "carry + v[u]"
+    return (
+        f"float carry = {one}, comp = 0.0f; (void)comp;\n"
+        f"        for (kf_long {r0} = 0; {r0} < (kf_long)({count}); {r0} += 128) {{\n"
+        f"            float v[4];\n"
+        f"            #pragma unroll\n"
+        f"            for (int u = 0; u < 4; ++u) {{ const kf_long {q} = {r0} + 32 * u + kf_lane; "
+        f"v[u] = {q} < (kf_long)({count}) ? ({x(q)}) : {one}; }}\n"
+        f"            #pragma unroll\n"
+        f"            for (int u = 0; u < 4; ++u) {{\n"
+        f"                const kf_long {q} = {r0} + 32 * u + kf_lane;\n"
+        f"                v[u] = {scan}(v[u]);\n"
+        f"                if ({q} < (kf_long)({count})) {store(q, out)}\n"
+        f"                {step}\n"
+        f"            }}\n"
+        f"        }}"
+    )
 
 
 def _norm_rows(
