@@ -611,7 +611,10 @@ matmul({args}) {{
             description="BM x BN tile per block, TM x TN per thread in registers, double-buffered shared tiles",
         )
     )
-    out.append(_sgemm_128(spec, pre, args, tiled))
+    if spec.M >= 128 and spec.N >= 128:  # at least a 128 x 128 tile at the traced shape
+        out.append(_sgemm_128(spec, pre, args, tiled))
+        if spec.M * spec.N <= 64 * 128 * 128 and spec.K >= 2048:  # few tiles, long K
+            out.append(_sgemm_splitk(spec, pre, args, tiled))
     if spec.N <= 8:  # skinny products (matrix-vector): a block per output
         out.append(_gemv_block(spec, pre, args))
     warp = f"""{pre}
@@ -660,22 +663,16 @@ extern "C" __global__ void matmul({args}) {{
     return out
 
 
-def _sgemm_128(spec: OpSpec, pre: str, args: str, tiled: str) -> Recipe:
-    """128 x 128 x 8 tiles, 8 x 8 outputs per thread as four 4 x 4 quadrants 64 apart (conflict-free
-    float4 shared reads), A transposed into padded shared memory, both tiles double-buffered with the
-    next tile's float4 global loads in registers during the current tile's FMAs. Shapes that do not
-    tile (M, N % 128, K % 8, or unaligned rows) run the shared-tile kernel of the same program."""
-    fallback = tiled.replace("void matmul(", "void matmul_tiles(").replace("TS", "16")
-    kernel = f"""{fallback}
-extern "C" __global__ void __launch_bounds__(256, MINB) matmul({args}) {{
-    __shared__ __align__(16) float As[2][8][128 + 4];
+#: The main loop of the 128x128x8 kernels over K in [k_begin, k_begin + k_len) (both defined before it):
+#: leaves acc[8][8] for rows bm + {ty*4, 64 + ty*4} + 0..3 and columns bn + {tx*4, 64 + tx*4} + 0..3.
+_SGEMM_BODY = """    __shared__ __align__(16) float As[2][8][128 + 4];
     __shared__ __align__(16) float Bs[2][8][128];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int aRow = tid >> 1, aCol = (tid & 1) * 4;
     const int bRow = tid >> 5, bCol = (tid & 31) * 4;
     const int bm = blockIdx.y * 128, bn = blockIdx.x * 128;
-    const float* Ap = A + (size_t)(bm + aRow) * K + aCol;
-    const float* Bp = B + (size_t)bRow * N + bn + bCol;
+    const float* Ap = A + (size_t)(bm + aRow) * K + k_begin + aCol;
+    const float* Bp = B + (size_t)(k_begin + bRow) * N + bn + bCol;
     float acc[8][8];
     #pragma unroll
     for (int i = 0; i < 8; ++i)
@@ -687,34 +684,110 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul({args}) {{
     *reinterpret_cast<float4*>(&Bs[0][bRow][bCol]) = gb;
     __syncthreads();
     int cur = 0;
-    for (int k0 = 0; k0 < K; k0 += 8) {{
-        const bool more = k0 + 8 < K;
-        if (more) {{
+    for (int k0 = 0; k0 < k_len; k0 += 8) {
+        const bool more = k0 + 8 < k_len;
+        if (more) {
             ga = __ldg(reinterpret_cast<const float4*>(Ap + k0 + 8));
             gb = __ldg(reinterpret_cast<const float4*>(Bp + (size_t)(k0 + 8) * N));
-        }}
+        }
         #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {{
+        for (int kk = 0; kk < 8; ++kk) {
             const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4]);
             const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][kk][64 + ty * 4]);
             const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][kk][tx * 4]);
             const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][kk][64 + tx * 4]);
-            const float ra[8] = {{a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w}};
-            const float rb[8] = {{b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w}};
+            const float ra[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float rb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
             #pragma unroll
             for (int i = 0; i < 8; ++i)
                 #pragma unroll
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
-        }}
-        if (more) {{
+        }
+        if (more) {
             const int nxt = cur ^ 1;
             As[nxt][aCol + 0][aRow] = ga.x; As[nxt][aCol + 1][aRow] = ga.y;
             As[nxt][aCol + 2][aRow] = ga.z; As[nxt][aCol + 3][aRow] = ga.w;
             *reinterpret_cast<float4*>(&Bs[nxt][bRow][bCol]) = gb;
-        }}
+        }
         __syncthreads();
         cur ^= 1;
+    }"""
+
+
+def _sgemm_splitk(spec: OpSpec, pre: str, args: str, tiled: str) -> Recipe:
+    """:func:`_sgemm_128` with K split across SPLIT blocks per tile (grid z, SPLIT chosen in forward for
+    about two tiles per SM): each writes its partial tile to a workspace, a second kernel adds the SPLIT
+    partials of each output in order and applies the epilogue. For few tiles and a long K."""
+    fallback = tiled.replace("void matmul(", "void matmul_tiles(").replace("TS", "16")
+    bias = "const float* __restrict__ bias, " if spec.bias else ""
+    kernel = f"""{fallback}
+extern "C" __global__ void __launch_bounds__(256, 2) matmul_part(const float* __restrict__ A, const float* __restrict__ B,
+                                                                  float* __restrict__ W, int M, int N, int K, int kc) {{
+    const int k_begin = blockIdx.z * kc, k_len = min(K - k_begin, kc);
+{_SGEMM_BODY}
+    float* Wz = W + (size_t)blockIdx.z * M * N;
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {{
+        const int m = bm + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int n = bn + h * 64 + tx * 4;
+            *reinterpret_cast<float4*>(Wz + (size_t)m * N + n) =
+                make_float4(acc[i][h * 4 + 0], acc[i][h * 4 + 1], acc[i][h * 4 + 2], acc[i][h * 4 + 3]);
+        }}
     }}
+}}
+
+extern "C" __global__ void matmul_sum(const float* __restrict__ W, {bias}float* __restrict__ C, int M, int N, int split) {{
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)M * N) return;
+    const int n = (int)(e % N);
+    float v = 0.0f;
+    for (int z = 0; z < split; ++z) v += __ldg(W + (size_t)z * M * N + e);
+    C[e] = {_epi_call(spec, "v", "n")};
+}}
+"""
+    a, b = ("x", "wt") if spec.linear else ("a", "b")
+    bias_arg = "self.m0.bias, " if spec.bias else ""
+    head = _forward(spec, "(1, 1, 1)", "(1, 1, 1)")[0].split("\nself.prog.matmul(")[0]
+    forward = f"""{head}
+tiles = (M // 128) * (N // 128)
+if tiles and M % 128 == 0 and N % 128 == 0 and K % 8 == 0 and _aligned({a}, {b}, c):
+    split = max(1, min(64, 2 * 132 // tiles, K // 256))
+    kc = _cdiv(_cdiv(K, split), 8) * 8
+    split = _cdiv(K, kc)
+    w = torch.empty((split, M, N), dtype=c.dtype, device=c.device)
+    self.prog.matmul_part({a}, {b}, w, M, N, K, kc, grid=(N // 128, M // 128, split), block=(256, 1, 1))
+    self.prog.matmul_sum(w, {bias_arg}c, M, N, split, grid=(_cdiv(M * N, p['BLOCK_X']), 1, 1), block=(p['BLOCK_X'], 1, 1))
+else:
+    self.prog.matmul_tiles({a}, {b}, {bias_arg}c, M, N, K, grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1))
+return c
+"""
+    return Recipe(
+        "matmul/sgemm_128x128_split_k",
+        "matmul",
+        "cuda",
+        kernel,
+        forward,
+        ["x"] if spec.linear else ["a", "b"],
+        TunableSpace(params={"BLOCK_X": [128, 256, 512]}),
+        {"BLOCK_X": 256},
+        rank=5,
+        modules=spec.modules,
+        description="the 128x128x8 kernel with K split across blocks (few tiles, long K), partials added in order",
+    )
+
+
+def _sgemm_128(spec: OpSpec, pre: str, args: str, tiled: str) -> Recipe:
+    """128 x 128 x 8 tiles, 8 x 8 outputs per thread as four 4 x 4 quadrants 64 apart (conflict-free
+    float4 shared reads), A transposed into padded shared memory, both tiles double-buffered with the
+    next tile's float4 global loads in registers during the current tile's FMAs. Shapes that do not
+    tile (M, N % 128, K % 8, or unaligned rows) run the shared-tile kernel of the same program."""
+    fallback = tiled.replace("void matmul(", "void matmul_tiles(").replace("TS", "16")
+    kernel = f"""{fallback}
+extern "C" __global__ void __launch_bounds__(256, MINB) matmul({args}) {{
+    const int k_begin = 0, k_len = K;
+{_SGEMM_BODY}
     #pragma unroll
     for (int i = 0; i < 8; ++i) {{
         const int m = bm + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
