@@ -107,6 +107,19 @@ def test_kf_run_tune_bad_warm_start_is_one_line(tmp_path: Path, capsys: pytest.C
         assert err.startswith("error: tuner.warm_start:") and "nope" in err and "\n" not in err
 
 
+def test_kf_run_tune_logs_each_trial_without_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from kfoundry.core.cli import main
+
+    with pytest.raises(SystemExit) as info:  # a replay's trials are instant: their lines are debug (-v)
+        main(["tune", "--replay", "benchmarks/spaces/opencl_matmul_pocl.json", "--evaluations", "4", "-v"])
+    assert info.value.code == 0
+    err = capsys.readouterr().err
+    assert "replaying opencl_matmul_pocl with bayesian, 4 evaluations" in err
+    assert [line.split(": ", 1)[1].split(" {")[0] for line in err.splitlines() if "tune trial" in line] == [
+        f"tune trial {i}/4" for i in range(1, 5)
+    ]
+
+
 @pytest.mark.slow
 def test_kf_run_tune_is_warm_started_from_an_earlier_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -144,7 +157,9 @@ def test_kf_run_tune_is_warm_started_from_an_earlier_shape(
         with pytest.raises(SystemExit) as info:
             main(args)
         assert info.value.code == 0
-        return json.loads(capsys.readouterr().out)
+        captured = capsys.readouterr()
+        assert "tune trial 3/3" in captured.err  # a line per trial as it goes (no terminal here)
+        return json.loads(captured.out)
 
     first = tune(4096, tmp_path / "host_a")
     ranked = sorted((t["time_ms"], t["params"]) for t in first["trials"] if t["time_ms"] is not None)
