@@ -114,17 +114,18 @@ def test_lifecycle_wrappers_reach_plugins(kf_register_plugin) -> None:  # type: 
     assert generation.extra == {"recorder": 3} and summary.extra == {"recorder": "seen"}
 
 
-def test_lifecycle_wrappers_validate_plain_data(kf_register_plugin) -> None:  # type: ignore[no-untyped-def]
+def test_lifecycle_wrappers_refuse_plain_data(kf_register_plugin) -> None:  # type: ignore[no-untyped-def]
     recorder = _Recorder()
     manager = kf_register_plugin(recorder, name="recorder")
-    hooks.run_started("run-1", {"seed": 5}, manager)
-    got = hooks.generation_finished("run-1", 0, {"evaluations": 4, "best_speedup": None, "coverage": 0.0}, manager)
-    assert isinstance(recorder.calls[0][1]["config"], RunConfig) and recorder.calls[0][1]["config"].seed == 5
-    assert isinstance(got, GenerationSummary) and got.evaluations == 4
+    with pytest.raises(TypeError, match="^run_started: config must be a RunConfig, got dict$"):
+        hooks.run_started("run-1", {"seed": 5}, manager)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^generation_finished: summary must be a GenerationSummary, got dict$"):
+        hooks.generation_finished("run-1", 0, {"evaluations": 4, "coverage": 0.0}, manager)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^run_finished: summary must be a RunSummary, got dict$"):
+        hooks.run_finished("run-1", {"run_id": "run-1"}, manager)  # type: ignore[arg-type]
+    assert recorder.calls == [], "no plugin saw a malformed payload"
     with pytest.raises(ValidationError, match="coverage"):
-        hooks.generation_finished("run-1", 0, {"evaluations": 4, "coverage": 3.0}, manager)
-    with pytest.raises(ValidationError, match="stop_reason"):
-        hooks.run_finished("run-1", {"run_id": "run-1", "run_dir": "d", "generations": 1, "evaluations": 1}, manager)
+        GenerationSummary(evaluations=4, coverage=3.0)
 
 
 class _Opts(BaseModel):

@@ -1,14 +1,12 @@
 """Typed wrappers: the only way the core calls lifecycle hooks.
 
-The run hooks take the payload models of :mod:`kfoundry.core.payloads` (and the run config); plain
-data is accepted too and validated into the model first, so a bad payload fails here, in one line,
-not inside some plugin.
+The run hooks take the payload models of :mod:`kfoundry.core.payloads` and the run config; anything
+else (a plain dict) is refused here, in one line, not inside some plugin.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -28,9 +26,11 @@ def _hook(manager: PluginManager | None) -> Any:
     return (manager or get_plugin_manager()).hook
 
 
-def _payload(model: type[_M], value: _M | Mapping[str, Any]) -> _M:
-    """``value`` as a ``model`` instance (the same object when it is one already)."""
-    return value if isinstance(value, model) else model.model_validate(value)
+def _payload(model: type[_M], value: _M, what: str) -> _M:
+    """``value``, checked to be a ``model`` (a dict would reach plugins that expect the model)."""
+    if not isinstance(value, model):
+        raise TypeError(f"{what} must be a {model.__name__}, got {type(value).__name__}")
+    return value
 
 
 def static_checks(candidate: Candidate, problem_name: str, manager: PluginManager | None = None) -> list[str]:
@@ -49,27 +49,23 @@ def candidate_evaluated(
 def generation_finished(
     run_id: str,
     generation: int,
-    summary: GenerationSummary | Mapping[str, Any],
+    summary: GenerationSummary,
     manager: PluginManager | None = None,
 ) -> GenerationSummary:
     """Tell plugins that a search generation ended; returns the summary with what plugins added."""
-    payload = _payload(GenerationSummary, summary)
+    payload = _payload(GenerationSummary, summary, "generation_finished: summary")
     _hook(manager).kf_generation_finished(run_id=run_id, generation=generation, summary=payload)
     return payload
 
 
-def run_started(
-    run_id: str, config: RunConfig | Mapping[str, Any], manager: PluginManager | None = None
-) -> None:
+def run_started(run_id: str, config: RunConfig, manager: PluginManager | None = None) -> None:
     """Tell plugins that a run started (``config``: the resolved config, see ``resolved_run_config``)."""
-    _hook(manager).kf_run_started(run_id=run_id, config=_payload(RunConfig, config))
+    _hook(manager).kf_run_started(run_id=run_id, config=_payload(RunConfig, config, "run_started: config"))
 
 
-def run_finished(
-    run_id: str, summary: RunSummary | Mapping[str, Any], manager: PluginManager | None = None
-) -> RunSummary:
+def run_finished(run_id: str, summary: RunSummary, manager: PluginManager | None = None) -> RunSummary:
     """Tell plugins that a run ended; returns the summary with what plugins added under ``extra``."""
-    payload = _payload(RunSummary, summary)
+    payload = _payload(RunSummary, summary, "run_finished: summary")
     _hook(manager).kf_run_finished(run_id=run_id, summary=payload)
     return payload
 
