@@ -81,6 +81,12 @@ class _Recorder:
         return counted
 
 
+def own_launches(backend: Backend) -> int:
+    """Launches a backend counts itself, past ``load`` (Triton's ``kernel[grid](...)``): ``launch_count``."""
+    count = getattr(backend, "launch_count", 0)
+    return count if isinstance(count, int) else 0
+
+
 def candidate_traceback(exc: BaseException) -> str:
     """Traceback limited to the candidate's own frames where possible."""
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
@@ -174,7 +180,7 @@ class Runner:
             return {"error": f"variant {variant} has no model", "kind": "runtime_error"}
         guard = ForwardGuard(poison_fresh=False) if self.job.kind == "evaluate" else None
         described: list[list[list[Any]]] = []
-        launched = self.recorder.launches
+        launched = self.recorder.launches + own_launches(self.backend)
         marks = [time.perf_counter()]  # diagnostics only (the judge trusts none of it)
         try:
             with torch.no_grad(), (guard or contextlib.nullcontext()):
@@ -201,7 +207,7 @@ class Runner:
             return {"error": str(exc), "kind": "runtime_error"}
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}", "kind": "runtime_error", "log": candidate_traceback(exc)}
-        reply: dict[str, Any] = {"ok": True, "outs": described, "launches": self.recorder.launches - launched}
+        reply: dict[str, Any] = {"ok": True, "outs": described, "launches": self.recorder.launches + own_launches(self.backend) - launched}
         if shares is not None:
             reply["shares"] = shares
         if timer is not None:

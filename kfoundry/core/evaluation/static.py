@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import ast
 
+from kfoundry.core.languages import allowed_imports
 from kfoundry.core.models import Candidate
 
 ALLOWED_IMPORTS = {
     "torch", "torch.nn", "torch.nn.functional", "math", "numpy", "kfoundry.runtime", "typing",
     "__future__", "dataclasses", "functools", "itertools", "collections", "textwrap",
 }
-
-#: Further imports a CUDA candidate may use: KernelBench-style ``load_inline`` extensions.
-CUDA_IMPORTS = {"torch.utils.cpp_extension"}
 
 BANNED_NAMES = {
     "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "setattr", "delattr",
@@ -171,5 +169,5 @@ def check_source(candidate: Candidate) -> list[str]:
         tree = ast.parse(candidate.source)
     except SyntaxError:
         return []
-    allowed = ALLOWED_IMPORTS | CUDA_IMPORTS if candidate.language == "cuda" else ALLOWED_IMPORTS
+    allowed = ALLOWED_IMPORTS | allowed_imports(candidate.language)  # a language's own (load_inline, triton)
     return _imports(tree, allowed) + _names(tree) + _patching(tree) + _model_new(tree)
