@@ -203,8 +203,7 @@ class Evaluator:
 
     def _stored_for_run(self, key: str) -> bool:
         assert self.store is not None
-        rows = self.store.query("SELECT 1 FROM evaluations WHERE eval_key=? AND run_id IS ? LIMIT 1", (key, self.run_id))
-        return bool(rows)
+        return self.store.has_evaluation(key, self.run_id)
 
     def evaluate(self, candidate: Candidate) -> EvalRecord:
         """Evaluate one candidate (served from the store when an identical evaluation exists)."""
