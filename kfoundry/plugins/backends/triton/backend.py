@@ -161,6 +161,10 @@ class TritonBackend(Backend):
         chosen = super().select_device(spec)
         if not self.interpret:
             self.torch_device = f"cuda:{chosen.index}"
+            if chosen.index != 0:  # Triton launches on the current device
+                import torch
+
+                torch.cuda.set_device(chosen.index)
         elif not _interpreted_library():
             raise BackendUnavailable(
                 "backend triton: triton was imported before TRITON_INTERPRET=1 was set, so its library "
