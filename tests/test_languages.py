@@ -233,6 +233,32 @@ def test_a_language_registered_in_process(kf_register_plugin) -> None:  # type: 
     assert "metal" not in known_languages(manager)
 
 
+def test_a_language_plugin_brings_its_prompt_template(kf_register_plugin, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from kfoundry.core import plugins
+    from kfoundry.core.generator import GenerationRequest, ProblemSummary
+    from kfoundry.core.llm.prompts import PromptBuilder
+    from kfoundry.core.models import DeviceProfile
+
+    template = (
+        '{% extends "base.j2" %}{% block language_guide %}Metal kernels are MSL functions.{% endblock %}'
+    )
+
+    class _Metal:
+        @hookimpl
+        def kf_register_languages(self, register):  # type: ignore[no-untyped-def]
+            register("metal", LanguageSpec(name="metal", suffixes=(".metal",), prompt_template=template))
+            register("bare", LanguageSpec(name="bare", suffixes=(".bare",)))
+
+    manager = kf_register_plugin(_Metal(), name="metal-lang")
+    monkeypatch.setattr(plugins, "_manager", manager)  # the prompt builder asks the process-wide registry
+    device = DeviceProfile(backend="metal", name="M9")
+    problem = ProblemSummary(name="vadd", reference_source="class Model: ...")
+    prompt = PromptBuilder().generation(GenerationRequest(problem=problem, language="metal", device=device))
+    assert "Metal kernels are MSL functions." in prompt.user and "METAL kernel for `vadd`" in prompt.user
+    with pytest.raises(KfError, match="no prompt for kernel language 'bare'"):
+        PromptBuilder().generation(GenerationRequest(problem=problem, language="bare", device=device))
+
+
 def test_a_bad_language_spec_is_refused_in_one_line() -> None:
     with pytest.raises(KfError, match="language name 'Metal Lang'"):
         LanguageSpec(name="Metal Lang", suffixes=(".m",))

@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 
 from kfoundry.core.behaviour.axes import axis_descriptions
+from kfoundry.core.errors import KfError
 from kfoundry.core.generator import Attempt, GenerationRequest
 from kfoundry.core.llm.sections import DEFAULT_SECTIONS, SECTION_TITLES
 from kfoundry.core.models import DeviceProfile, Proposal
@@ -209,7 +210,10 @@ class PromptBuilder:
 
             text = get_language(language).prompt_template
             if not text:
-                raise
+                raise KfError(
+                    f"no prompt for kernel language {language!r}: no {language}.j2 template and its "
+                    "LanguageSpec has no prompt_template"
+                ) from None
             rendered = self.env.from_string(text).render(**ctx)
             return "\n".join(line.rstrip() for line in rendered.strip().split("\n")) + "\n"
 
