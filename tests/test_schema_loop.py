@@ -106,3 +106,23 @@ def test_the_run_imports_no_command_names_no_plugin_and_writes_no_sql(path: Path
     assert '"offline"' not in text and "__name__ !=" not in text
     assert not any(word in text for word in ("SELECT ", "INSERT ", "UPDATE ", "CREATE TABLE"))
     assert len(text.splitlines()) <= 400
+
+
+def test_an_exported_kernelbench_model_waits_for_its_kernels(
+    kf_plugin_manager: PluginManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """best_<problem>.py: a caller reading an output right after forward must not read it unfinished
+    (launches are asynchronous), so the exported ModelNew synchronises the backend after each call."""
+    import kfoundry.runtime
+
+    source = "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x + 1\n"
+    cand = Candidate(source=source, kind="kernelbench", language="opencl", label="k")
+    best = SearchResult(ask=SearchAsk(), candidate=cand, record=_record(), coords=(0, 0, 0))
+    path = export_best(best, "p", tmp_path)
+    assert path is not None and path.name == "best_p_opencl.py"
+    waits: list[int] = []
+    monkeypatch.setattr(kfoundry.runtime, "synchronize", lambda: waits.append(1))
+    namespace: dict[str, object] = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    model = namespace["ModelNew"]()  # type: ignore[operator]
+    assert model.forward(1) == 2 and waits == [1]
