@@ -143,7 +143,35 @@ def test_c_expressions_become_triton() -> None:
         triton_expr("v0 ? v1")
 
 
+LINEAR_RELU = """
+import torch
+import torch.nn as nn
+
+batch = 33
+fin = 40
+fout = 24
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(fin, fout)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def get_inputs():
+    return [torch.randn(batch, fin)]
+
+
+def get_init_inputs():
+    return []
+"""
+
 CASES = {
+    "matmul": {"M": 40, "K": 50, "N": 30},
+    "linear_relu": {},
     "softmax": {"batch_size": 3, "dim": 300},
     "layer_norm": {"batch_size": 3, "features": 300},
     "rms_norm": {"batch_size": 3, "features": 300},
@@ -154,8 +182,14 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_offline_triton_recipes_are_correct_in_the_interpreter(name: str, backend: TritonBackend) -> None:
-    problem = load_problem(KB / f"{name}.py", CASES[name])
+def test_offline_triton_recipes_are_correct_in_the_interpreter(
+    name: str, backend: TritonBackend, tmp_path: Path
+) -> None:
+    path = KB / f"{name}.py"
+    if name == "linear_relu":  # nn.Linear (bias, the weight read transposed) with a fused epilogue
+        path = tmp_path / "linear_relu.py"
+        path.write_text(LINEAR_RELU)
+    problem = load_problem(path, CASES[name])
     recipes = OfflineGenerator().recipes(problem.summary(), "triton")
     assert recipes[0].rank == 0 and len(recipes) >= 2
     extractor = triton_descriptors()
@@ -174,8 +208,8 @@ def test_offline_triton_recipes_are_correct_in_the_interpreter(name: str, backen
 
 
 def test_the_offline_generator_says_which_families_have_triton_recipes() -> None:
-    problem = load_problem(KB / "matmul.py", {"M": 16, "N": 16, "K": 16})
-    with pytest.raises(GeneratorUnsupported, match="no Triton recipes for the matmul family"):
+    problem = load_problem(KB / "depthwise_conv2d.py", {})
+    with pytest.raises(GeneratorUnsupported, match="no Triton recipes for the depthwise_conv2d family"):
         OfflineGenerator().recipes(problem.summary(), "triton")
 
 

@@ -2,8 +2,9 @@
 
 A :class:`TritonRecipe` renders a ``ModelNew`` whose kernels are ``@triton.jit`` functions launched as
 ``kernel[grid](...)``; template parameters are ``tl.constexpr`` block sizes and the ``num_warps``
-launch option. The elementwise ladder is in :mod:`.triton_elementwise`, the row ladder (softmax,
-log-softmax, layer/RMS norm, reductions) in :mod:`.triton_rows`.
+launch option. The elementwise ladder is in :mod:`.triton_elementwise`, the matrix products in
+:mod:`.triton_matmul`, the row ladder (softmax, log-softmax, layer/RMS norm, reductions) in
+:mod:`.triton_rows`.
 """
 
 from __future__ import annotations
@@ -89,10 +90,14 @@ def recipes(spec: OpSpec) -> list[Recipe]:
         from kfoundry.plugins.llms.offline.triton_elementwise import elementwise_recipes
 
         return elementwise_recipes(spec)
+    if spec.family == "matmul":
+        from kfoundry.plugins.llms.offline.triton_matmul import matmul_recipes
+
+        return matmul_recipes(spec)
     if spec.family in ROW_FAMILIES:
         from kfoundry.plugins.llms.offline.triton_rows import row_recipes
 
         return row_recipes(spec)
     raise GeneratorUnsupported(
-        f"offline generator: no Triton recipes for the {spec.family} family (elementwise and row families only)"
+        f"offline generator: no Triton recipes for the {spec.family} family (elementwise, matmul and row families only)"
     )
