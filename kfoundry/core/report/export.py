@@ -19,6 +19,7 @@ from typing import Any
 
 from kfoundry.api import ExportResult
 from kfoundry.core.errors import ConfigError
+from kfoundry.core.languages import UnknownLanguage, export_suffix
 from kfoundry.core.models import Candidate
 from kfoundry.core.report.data import RunData, RunFolderError, best_per_shape, load_run, per_shape_results
 
@@ -68,6 +69,14 @@ class Kernel(nn.Module):
 '''
 
 
+def _suffix(language: str) -> str:
+    """A kernel file's suffix from its language's registration (``.txt`` for a language not installed)."""
+    try:
+        return export_suffix(language)
+    except UnknownLanguage:
+        return ".txt"
+
+
 def _identifier(name: str) -> str:
     return re.sub(r"\W", "_", name).strip("_") or "kernels"
 
@@ -99,11 +108,7 @@ def build_table(run: RunData) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         cand = best.candidate
         record = run.best_record_of(cand.content_hash)
         input_shapes, input_dtypes, params = _analysis(run, best.shapes, cand)
-        suffix = (
-            ".py"
-            if cand.kind == "kernelbench"
-            else {"opencl": ".cl", "cuda": ".cu"}.get(cand.language, ".txt")
-        )
+        suffix = ".py" if cand.kind == "kernelbench" else _suffix(cand.language)
         file = f"kernels/k_{cand.content_hash[:12]}{suffix}"
         sources[file] = cand
         entries.append(
