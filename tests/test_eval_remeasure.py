@@ -40,7 +40,8 @@ class SecondLooksSlower(Executor):
 
 
 def _evaluate(tmp_path: Path, factor: float) -> tuple[Outcome, str, list[str]]:
-    config = fast_config(tmp_path, flag_speedup_above=1e-9, cache=False)  # every correct kernel is flagged
+    # every correct kernel is flagged; enough timed batches that the two methods' medians are stable
+    config = fast_config(tmp_path, flag_speedup_above=1e-9, cache=False, target_time_s=0.1, min_repeats=10)
     problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 65536})
     executor = SecondLooksSlower(build_plugin(config.executor, "executor"), factor)
     candidate = Candidate(source=SEED.read_text(), language="opencl")
