@@ -13,6 +13,7 @@ recipe, and its share of the roofline (bytes over measured copy bandwidth or FLO
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -79,6 +80,34 @@ def _fp32_gflops(device: torch.device, timer: Callable[[Callable[[], Any], int],
     return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
+def _device_usable(device: torch.device) -> bool:
+    """False once the CUDA context is lost (an illegal address or a launch failure is sticky)."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device=device).add_(1).item()
+    except Exception:
+        return False
+    return True
+
+
+def _restart(argv: list[str] | None, rows: list[dict[str, Any]], bw: float, peak: float) -> None:
+    """Continue the run in a fresh process (the rows so far kept in a state file)."""
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="kernelbench_", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"rows": rows, "bw": bw, "peak": peak}, f)
+    args = [a for a in (sys.argv[1:] if argv is None else argv)]
+    if "--resume" in args:
+        i = args.index("--resume")
+        del args[i : i + 2]
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *args, "--resume", name])
+
+
 def _notes(row: dict[str, Any]) -> str:
     """The recipes that were wrong or failed, for the table's recipe column."""
     parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed") if k in row]
@@ -111,7 +140,7 @@ def _run_recipe(
         if not ok:
             err = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else -1.0
             return None, err
-        return _time(lambda m=model, x=inputs: m(*x), timer, budget_s), 0.0
+        return _time(functools.partial(model, *inputs), timer, budget_s), 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=0.3, help="timing budget per measurement")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument(
+        "--resume", type=Path, help=argparse.SUPPRESS
+    )  # state of a run restarted after a GPU fault
     args = ap.parse_args(argv)
+    state = json.loads(args.resume.read_text()) if args.resume else None
 
     from kfoundry.core.plugins import get_plugin
     from kfoundry.core.problem import load_problem
@@ -135,18 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     set_backend(backend)
     device = torch.device(backend.torch_device)
     timer = _timer(device)
-    bw, peak = _copy_gbps(device, timer), _fp32_gflops(device, timer)
+    if state is None:
+        bw, peak = _copy_gbps(device, timer), _fp32_gflops(device, timer)
+        print(f"# backend {args.backend} ({device}), copy {bw:.0f} GB/s, fp32 matmul {peak:.0f} GFLOP/s")
+        print("| problem | recipe | ms | x eager | x torch.compile | x naive | roofline share |")
+        print("|---|---|---|---|---|---|---|")
+    else:
+        bw, peak = state["bw"], state["peak"]
     lang = "cuda" if args.backend == "cuda" else "opencl"
     small = json.loads((DATA / "small_shapes.json").read_text()) if args.small else {}
-    print(f"# backend {args.backend} ({device}), copy {bw:.0f} GB/s, fp32 matmul {peak:.0f} GFLOP/s")
-    print("| problem | recipe | ms | x eager | x torch.compile | x naive | roofline share |")
-    print("|---|---|---|---|---|---|---|")
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = state["rows"] if state else []
+    done = {r["problem"] for r in rows}
     levels = args.level or ["level1", "level2"]
     gen = OfflineGenerator()
     for path in sorted(p for lvl in levels for p in (DATA / lvl).glob("*.py")):
         key = f"{path.parent.name}/{path.name}"
-        if args.k not in key:
+        if args.k not in key or key in done:
             continue
         row: dict[str, Any] = {"problem": key}
         try:
@@ -157,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 expected = ref(*inputs)
             recipes = gen.recipes(problem.summary(), lang)
-            eager = _time(lambda r=ref, x=inputs: r(*x), timer, args.budget_s)
+            eager = _time(functools.partial(ref, *inputs), timer, args.budget_s)
             compiled_ms = math.nan
             if not args.no_compile:
                 try:
                     compiled = torch.compile(ref)
-                    compiled_ms = _time(lambda c=compiled, x=inputs: c(*x), timer, args.budget_s)
+                    compiled_ms = _time(functools.partial(compiled, *inputs), timer, args.budget_s)
                 except Exception as exc:  # no C++ toolchain on the host, a graph break that fails...
                     row["compile_error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
             times: dict[str, float] = {}
@@ -175,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                     row.setdefault("failed", []).append(
                         f"{recipe.name} ({type(exc).__name__}: {str(exc)[:80]})"
                     )
+                    if not _device_usable(device):  # a fault poisons the context: go on in a new process
+                        row["error"] = f"GPU fault in {recipe.name}"
+                        print(f"| {key} | {row['error']}{_notes(row)} | | | | | |", flush=True)
+                        _restart(argv, [*rows, row], bw, peak)
                     continue
                 if ms is None:
                     row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
