@@ -179,6 +179,9 @@ class RunnerShares:
         self.device = device
         self._exported: dict[tuple[int, int], str] = {}
         self.imported: list[tuple[int, int]] = []  # (base, nbytes) of the judge's buffers
+        # the device's primary context made current on this thread: a backend that has not touched the
+        # GPU yet (Triton compiles at the first launch) would have none, and cuIpcOpenMemHandle fails
+        torch.empty(1, device=device)
 
     def import_input(self, descriptor: Any) -> torch.Tensor:
         handle_text, shift, dtype, shape = descriptor
