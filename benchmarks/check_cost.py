@@ -30,7 +30,9 @@ from kfoundry.core.problem import as_tensor_list, load_problem, parse_shape_over
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--problem", default=str(ROOT / "examples/kernelbench/softmax.py"))
     parser.add_argument("--shape", action="append", default=None, metavar="NAME=VALUE")
     parser.add_argument("--device", default="cpu")
@@ -59,8 +61,10 @@ def main() -> None:
             refs = as_tensor_list(reference(*copies[0]))
         sync()
         t3 = time.perf_counter()
-        outs = [torch.nextafter(r, torch.full_like(r, float("inf"))) if r.is_floating_point() else r.clone()
-                for r in refs]
+        outs = [
+            torch.nextafter(r, torch.full_like(r, float("inf"))) if r.is_floating_point() else r.clone()
+            for r in refs
+        ]
         sync()
         t4 = time.perf_counter()
         verdict = check_trial(outs, refs, inputs, copies[1], None, None)
@@ -72,8 +76,10 @@ def main() -> None:
         nbytes = sum(v.numel() * v.element_size() for v in [*inputs, *refs] if isinstance(v, torch.Tensor))
         del inputs, copies, refs, outs
 
-    table = Table(title=f"{Path(args.problem).stem} {' '.join(shapes)} on {device} ({nbytes / 2**30:.2f} GiB in+out), "
-                        f"median of {args.repeats}")
+    table = Table(
+        title=f"{Path(args.problem).stem} {' '.join(shapes)} on {device} ({nbytes / 2**30:.2f} GiB in+out), "
+        f"median of {args.repeats}"
+    )
     table.add_column("step")
     table.add_column("seconds", justify="right")
     for name, times in steps.items():

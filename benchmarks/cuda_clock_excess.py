@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = [("gelu", {"N": 1 << 26}), ("rms_norm", {"batch_size": 64, "features": 4096}),
-         ("rms_norm", {"batch_size": 4096, "features": 16384}), ("softmax", {"batch_size": 1024, "dim": 65536}),
-         ("layer_norm", {"batch_size": 16, "features": 4194304}), ("softmax", {"batch_size": 64, "dim": 4096})]
+CASES = [
+    ("gelu", {"N": 1 << 26}),
+    ("rms_norm", {"batch_size": 64, "features": 4096}),
+    ("rms_norm", {"batch_size": 4096, "features": 16384}),
+    ("softmax", {"batch_size": 1024, "dim": 65536}),
+    ("layer_norm", {"batch_size": 16, "features": 4194304}),
+    ("softmax", {"batch_size": 64, "dim": 4096}),
+]
 
 
 def _excess(timer: Any, call: Any, n: int = 150) -> tuple[float, float]:
@@ -49,7 +54,9 @@ def main() -> int:
     for name, shapes in CASES:
         problem = load_problem(ROOT / "examples/kernelbench" / f"{name}.py", shapes)
         path = ROOT / "examples/kernelbench/cuda" / f"{name}_cuda.py"
-        model = problem.build_candidate(Candidate(source=path.read_text(), language="cuda"), runtime.load).cuda()
+        model = problem.build_candidate(
+            Candidate(source=path.read_text(), language="cuda"), runtime.load
+        ).cuda()
         inputs = [t.cuda() if isinstance(t, torch.Tensor) else t for t in problem.make_inputs(1, "cuda")]
         with torch.no_grad():
             ex, ev = _excess(timer, lambda m=model, a=inputs: m(*a))

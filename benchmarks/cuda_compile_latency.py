@@ -34,15 +34,19 @@ DEFINES: dict[str, dict[str, int]] = {
 
 def kernel_source(path: Path) -> str:
     """The module-level ``SRC`` of a candidate file (executed with a stub ``load``)."""
-    text = path.read_text().replace("from kfoundry.runtime import cdiv, load", "").replace(
-        "from kfoundry.runtime import load", ""
+    text = (
+        path.read_text()
+        .replace("from kfoundry.runtime import cdiv, load", "")
+        .replace("from kfoundry.runtime import load", "")
     )
     namespace: dict[str, Any] = {}
     exec(compile(text.split("\nclass ModelNew")[0], str(path), "exec"), namespace)
     return str(namespace["SRC"])
 
 
-def time_compiles(source: str, defines: dict[str, int], compiler: str, repeats: int, can_run: bool) -> dict[str, Any]:
+def time_compiles(
+    source: str, defines: dict[str, int], compiler: str, repeats: int, can_run: bool
+) -> dict[str, Any]:
     from kfoundry.plugins.backends.cuda import CudaBackend, CudaOptions
 
     backend = CudaBackend(CudaOptions(compiler=compiler))  # type: ignore[arg-type]
@@ -111,8 +115,12 @@ def main() -> None:
             try:
                 row[compiler] = time_compiles(source, DEFINES.get(name, {}), compiler, args.repeats, can_run)
             except Exception as exc:  # record and go on: one broken compile must not hide the others
-                row[compiler] = {"error": ascii(f"{type(exc).__name__}: {exc}")[:300], "compile_s": float("nan"),
-                                 "load_s": None, "kernels": 0}
+                row[compiler] = {
+                    "error": ascii(f"{type(exc).__name__}: {exc}")[:300],
+                    "compile_s": float("nan"),
+                    "load_s": None,
+                    "kernels": 0,
+                }
         rows.append(row)
         print(json.dumps(row), flush=True)
     summary: dict[str, Any] = {"rows": rows}
@@ -123,14 +131,24 @@ def main() -> None:
         summary["load_inline"] = time_load_inline(args.inline)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    print(f"\n{'candidate':18} {'kernels':>7} " + " ".join(f"{c + ' s':>9}" for c in compilers) + f" {'load s':>8}")
+    print(
+        f"\n{'candidate':18} {'kernels':>7} "
+        + " ".join(f"{c + ' s':>9}" for c in compilers)
+        + f" {'load s':>8}"
+    )
     for r in rows:
         first = r[compilers[0]]
         load = f"{first['load_s']:8.4f}" if first["load_s"] is not None else f"{'-':>8}"
-        print(f"{r['candidate']:18} {first['kernels']:7d} " + " ".join(f"{r[c]['compile_s']:9.3f}" for c in compilers) + f" {load}")
+        print(
+            f"{r['candidate']:18} {first['kernels']:7d} "
+            + " ".join(f"{r[c]['compile_s']:9.3f}" for c in compilers)
+            + f" {load}"
+        )
     print("median  " + "  ".join(f"{c}: {summary[f'median_{c}_s']:.3f} s" for c in compilers))
     if "load_inline" in summary:
-        print(f"load_inline (fresh builds): median {summary['load_inline']['median_s']:.1f} s, runs {summary['load_inline']['runs_s']}")
+        print(
+            f"load_inline (fresh builds): median {summary['load_inline']['median_s']:.1f} s, runs {summary['load_inline']['runs_s']}"
+        )
 
 
 if __name__ == "__main__":

@@ -28,21 +28,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Problem -> (shape overrides, what KernelBench Level 1 uses for the same operation).
 LEVEL1: dict[str, tuple[dict[str, int], str]] = {
-    "softmax": ({"batch_size": 4096, "dim": 65536}, "KB 23_Softmax is 4096 x 393216; rows here 65536 (1 GiB)"),
-    "layer_norm": ({"batch_size": 16, "features": 64 * 256 * 256}, "KB 40_LayerNorm (16, 64, 256, 256) over the last 3 dims"),
-    "rms_norm": ({"batch_size": 16384, "features": 16384}, "KB 36_RMSNorm_ reduces dim 1 of (112, 64, 512, 512); here rows of 16384 (1 GiB)"),
+    "softmax": (
+        {"batch_size": 4096, "dim": 65536},
+        "KB 23_Softmax is 4096 x 393216; rows here 65536 (1 GiB)",
+    ),
+    "layer_norm": (
+        {"batch_size": 16, "features": 64 * 256 * 256},
+        "KB 40_LayerNorm (16, 64, 256, 256) over the last 3 dims",
+    ),
+    "rms_norm": (
+        {"batch_size": 16384, "features": 16384},
+        "KB 36_RMSNorm_ reduces dim 1 of (112, 64, 512, 512); here rows of 16384 (1 GiB)",
+    ),
     "gelu": ({"N": 4096 * 65536}, "KB 26_GELU_ is 4096 x 393216; here 4096 x 65536 (1 GiB)"),
-    "sum_reduction": ({"batch_size": 16, "dim1": 4096, "dim2": 4095}, "KB 47 is (128, 4096, 4095) over dim 1; batch 16 here (1 GiB)"),
+    "sum_reduction": (
+        {"batch_size": 16, "dim1": 4096, "dim2": 4095},
+        "KB 47 is (128, 4096, 4095) over dim 1; batch 16 here (1 GiB)",
+    ),
     "matmul": ({"M": 4096, "K": 4096, "N": 4096}, "KB 1_Square_matrix_multiplication_ N = 4096"),
     "depthwise_conv2d": (
         {"batch_size": 16, "channels": 64, "height": 512, "width": 512, "kernel_size": 3},
         "KB 82-style depthwise 3x3, (16, 64, 512, 512)",
     ),
-    "rotary_embedding": ({"batch_size": 16, "seq_len": 4096, "heads": 32, "head_dim": 128}, "not in KB; LLaMA-like (1 GiB)"),
+    "rotary_embedding": (
+        {"batch_size": 16, "seq_len": 4096, "heads": 32, "head_dim": 128},
+        "not in KB; LLaMA-like (1 GiB)",
+    ),
 }
 
 
-def evaluate_candidates(name: str, shapes: dict[str, int], files: list[Path], trials: int, timeout: float) -> tuple[Any, list[dict[str, Any]]]:
+def evaluate_candidates(
+    name: str, shapes: dict[str, int], files: list[Path], trials: int, timeout: float
+) -> tuple[Any, list[dict[str, Any]]]:
     """Every candidate file through the sandboxed evaluator; returns (problem, rows)."""
     from kfoundry.core.config import load_config
     from kfoundry.core.evaluation import Evaluator
@@ -122,13 +139,28 @@ def time_inprocess(problem: Any, best: Path | Any | None, compile_ref: bool) -> 
                 err = float((got.double() - expected.double()).norm() / expected.double().norm())
                 medians, device_medians = [], []
                 for _ in range(3):
-                    stats = measure(lambda i, m=model: m(*inputs), backend.synchronize, warmup_s=0.1,
-                                    target_time_s=0.3, min_repeats=10, max_repeats=200)
+                    stats = measure(
+                        lambda i, m=model: m(*inputs),
+                        backend.synchronize,
+                        warmup_s=0.1,
+                        target_time_s=0.3,
+                        min_repeats=10,
+                        max_repeats=200,
+                    )
                     medians.append(stats.median_ms)
-                    stats = measure(lambda i, m=model: m(*inputs), backend.synchronize, warmup_s=0.1,
-                                    target_time_s=0.3, min_repeats=10, max_repeats=200, device_timer=backend.device_timer())
+                    stats = measure(
+                        lambda i, m=model: m(*inputs),
+                        backend.synchronize,
+                        warmup_s=0.1,
+                        target_time_s=0.3,
+                        min_repeats=10,
+                        max_repeats=200,
+                        device_timer=backend.device_timer(),
+                    )
                     device_medians.append(stats.median_ms)
-                dobench = triton.testing.do_bench(lambda m=model: m(*inputs), warmup=50, rep=300, return_mode="median")
+                dobench = triton.testing.do_bench(
+                    lambda m=model: m(*inputs), warmup=50, rep=300, return_mode="median"
+                )
             except Exception as exc:  # torch.compile can fail on a new shape; report, go on
                 out[label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
                 continue
@@ -151,7 +183,9 @@ def time_inprocess(problem: Any, best: Path | Any | None, compile_ref: bool) -> 
             print(json.dumps({"problem": problem.name, "timed": label, **out[label]}), flush=True)
     out["bytes_moved"] = analysis.bytes_moved
     out["flops"] = analysis.flops
-    out["device"] = device.model_dump(mode="json", include={"name", "peak_bandwidth_gbs", "peak_gflops", "peaks_measured"})
+    out["device"] = device.model_dump(
+        mode="json", include={"name", "peak_bandwidth_gbs", "peak_gflops", "peaks_measured"}
+    )
     return out
 
 
@@ -204,7 +238,9 @@ def main() -> None:
     for name, (shapes, note) in LEVEL1.items():
         if args.only and name not in args.only:
             continue
-        files = sorted(p for p in args.candidates.glob(f"{name}_*.py") if args.inline or "load_inline" not in p.name)
+        files = sorted(
+            p for p in args.candidates.glob(f"{name}_*.py") if args.inline or "load_inline" not in p.name
+        )
         if not files:
             print(json.dumps({"problem": name, "skipped": "no candidate"}), flush=True)
             continue
@@ -213,8 +249,13 @@ def main() -> None:
             from kfoundry.core.problem import load_problem
 
             problem = load_problem(ROOT / "examples/kernelbench" / f"{name}.py", used)
-            entry = {"problem": name, "shapes": used, "note": note, "candidates": [],
-                     "best": {"candidate": files[0].name, "outcome": "not evaluated", "source": str(files[0])}}
+            entry = {
+                "problem": name,
+                "shapes": used,
+                "note": note,
+                "candidates": [],
+                "best": {"candidate": files[0].name, "outcome": "not evaluated", "source": str(files[0])},
+            }
             entry["timed"] = time_inprocess(problem, files[0], False)
             results.append(entry)
             if args.json:
@@ -223,7 +264,13 @@ def main() -> None:
         problem, rows = evaluate_candidates(name, used, files, args.trials, args.timeout)
         correct = [r for r in rows if r["outcome"] == "correct"]
         best = min(correct, key=lambda r: r["median_ms"]) if correct else None
-        entry: dict[str, Any] = {"problem": name, "shapes": used, "note": note, "candidates": rows, "best": best}
+        entry: dict[str, Any] = {
+            "problem": name,
+            "shapes": used,
+            "note": note,
+            "candidates": rows,
+            "best": best,
+        }
         if args.inprocess:
             entry["timed"] = time_inprocess(problem, Path(best["source"]) if best else None, args.compile)
         results.append(entry)

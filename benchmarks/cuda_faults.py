@@ -93,7 +93,9 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=1))
     print(f"\n{'candidate':16} {'outcome':14} {'expected':14} {'ok':4} {'wall s':>7}  message")
     for r in rows:
-        print(f"{r['candidate']:16} {r['outcome']:14} {r['expected']:14} {str(r['ok']):4} {r['wall_s']:7.2f}  {r['message'][:70]}")
+        print(
+            f"{r['candidate']:16} {r['outcome']:14} {r['expected']:14} {str(r['ok']):4} {r['wall_s']:7.2f}  {r['message'][:70]}"
+        )
 
 
 if __name__ == "__main__":

@@ -41,13 +41,20 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
         "executor.options.workers": args.workers,
         **{f"problem.shapes.{k}": v for k, v in shapes.items()},
     }
-    cmd = [sys.executable, "-c", "from kfoundry.core.cli import main; main()", str(ROOT / "examples/kernelbench" / f"{name}.py")]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from kfoundry.core.cli import main; main()",
+        str(ROOT / "examples/kernelbench" / f"{name}.py"),
+    ]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.wall * 4 + 240)
     wall = time.perf_counter() - started
-    tail = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "warning" not in line.lower())[-1500:]
+    tail = "\n".join(
+        line for line in (proc.stdout + proc.stderr).splitlines() if "warning" not in line.lower()
+    )[-1500:]
     runs = sorted(out.glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
     entry: dict[str, Any] = {"problem": name, "rc": proc.returncode, "wall_s": round(wall, 1), "tail": tail}
     if not runs or not (runs[-1] / "best.json").is_file():

@@ -230,10 +230,18 @@ def matmul_space(n: int) -> Space:
     def ok(p: dict[str, int]) -> bool:
         threads = (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
         return 32 <= threads <= 1024
+
     return Space(
         "matmul",
         MATMUL,
-        {"BM": [32, 64, 128], "BN": [32, 64, 128], "BK": [8, 16, 32, 64], "TM": [1, 2, 4, 8], "TN": [1, 2, 4, 8], "PAD": [0, 1]},
+        {
+            "BM": [32, 64, 128],
+            "BN": [32, 64, 128],
+            "BK": [8, 16, 32, 64],
+            "TM": [1, 2, 4, 8],
+            "TN": [1, 2, 4, 8],
+            "PAD": [0, 1],
+        },
         ok,
         [n, n, n],
         {},
@@ -276,12 +284,18 @@ def _compile(args: tuple[str, dict[str, int], str]) -> tuple[Any, str, float]:
     source, defines, arch = args
     started = time.perf_counter()
     try:
-        return compile_cuda(source, arch=arch, compiler="nvrtc", defines=defines), "", time.perf_counter() - started
+        return (
+            compile_cuda(source, arch=arch, compiler="nvrtc", defines=defines),
+            "",
+            time.perf_counter() - started,
+        )
     except CompileFailed as exc:
         return None, str(exc), time.perf_counter() - started
 
 
-def event_times(run: Callable[[], None], budget_s: float, min_runs: int = 5, max_runs: int = 50) -> list[float]:
+def event_times(
+    run: Callable[[], None], budget_s: float, min_runs: int = 5, max_runs: int = 50
+) -> list[float]:
     """Per-run milliseconds with CUDA events: 3 warm-ups, then repeats until the budget."""
     import torch
 
@@ -337,7 +351,12 @@ def record(space: Space, out_dir: Path, limit: int | None, workers: int, budget_
         jobs = [(space.source, {**space.fixed_defines, **p}, arch) for p in todo]
         for p, (result, error, compile_s) in zip(todo, pool.map(_compile, jobs, chunksize=4), strict=True):
             key = ",".join(str(p[k]) for k in keys)
-            entry: dict[str, Any] = {**p, "compile_time": round(compile_s * 1e3, 3), "framework_time": 0.0, "strategy_time": 0.0}
+            entry: dict[str, Any] = {
+                **p,
+                "compile_time": round(compile_s * 1e3, 3),
+                "framework_time": 0.0,
+                "strategy_time": 0.0,
+            }
             if result is None:
                 entry.update(time="CompilationFailedConfig", error=error.splitlines()[0][:200])
                 cache[key] = entry
@@ -422,7 +441,9 @@ def main() -> None:
         if args.only in (None, space.kernel_name):
             rows.append(record(space, args.out, args.limit, args.workers, args.budget))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'kernel':8} {'configs':>7} {'cfail':>5} {'rfail':>5} {'best ms':>9} {'median':>9} {'worst':>9} {'<=5%':>5}  best config")
+    print(
+        f"\n{'kernel':8} {'configs':>7} {'cfail':>5} {'rfail':>5} {'best ms':>9} {'median':>9} {'worst':>9} {'<=5%':>5}  best config"
+    )
     for r in rows:
         fmt = lambda v: f"{v:9.4f}" if v is not None else f"{'-':>9}"  # noqa: E731
         print(

@@ -27,9 +27,14 @@ HONEST = ROOT / "examples/kernelbench/cuda"
 def _config() -> Any:
     from kfoundry.core.config import load_config
 
-    return load_config(data={"backend": {"name": "cuda"}, "executor": {"name": "local", "options": {"workers": 1}},
-                             "evaluation": {"cache": False, "timeout_s": 300, "memory_limit_mb": None}},
-                       validate_plugins=False)
+    return load_config(
+        data={
+            "backend": {"name": "cuda"},
+            "executor": {"name": "local", "options": {"workers": 1}},
+            "evaluation": {"cache": False, "timeout_s": 300, "memory_limit_mb": None},
+        },
+        validate_plugins=False,
+    )
 
 
 def _evaluate(problem_name: str, shapes: dict[str, int], path: Path) -> dict[str, Any]:
@@ -41,12 +46,25 @@ def _evaluate(problem_name: str, shapes: dict[str, int], path: Path) -> dict[str
     started = time.perf_counter()
     with Evaluator(problem, _config()) as ev:
         record = ev.evaluate(Candidate(source=path.read_text(), language="cuda", label=path.name))
-    keep = ("CUDA IPC", "judge's clock net", "undercut", "native code", "no CUDA IPC", "sandbox protections",
-            "clock pairs", "differential clock", "per-call overhead")
-    return {"outcome": record.outcome.value, "message": record.message[:400],
-            "median_ms": record.timing.median_ms if record.timing else None,
-            "speedup": record.speedup, "wall_s": round(time.perf_counter() - started, 1),
-            "log": [ln[:600] for ln in (record.log or "").splitlines() if any(k in ln for k in keep)]}
+    keep = (
+        "CUDA IPC",
+        "judge's clock net",
+        "undercut",
+        "native code",
+        "no CUDA IPC",
+        "sandbox protections",
+        "clock pairs",
+        "differential clock",
+        "per-call overhead",
+    )
+    return {
+        "outcome": record.outcome.value,
+        "message": record.message[:400],
+        "median_ms": record.timing.median_ms if record.timing else None,
+        "speedup": record.speedup,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "log": [ln[:600] for ln in (record.log or "").splitlines() if any(k in ln for k in keep)],
+    }
 
 
 def main() -> int:
@@ -67,28 +85,44 @@ def main() -> int:
         key = (entry.problem, entry.shapes)
         if key not in honest:
             honest[key] = _evaluate(entry.problem, dict(entry.shapes), HONEST / f"{entry.problem}_cuda.py")
-            print(f"honest {entry.problem} {dict(entry.shapes)}: {honest[key]['outcome']} "
-                  f"{honest[key]['median_ms']} ms  {honest[key]['log']}", flush=True)
+            print(
+                f"honest {entry.problem} {dict(entry.shapes)}: {honest[key]['outcome']} "
+                f"{honest[key]['median_ms']} ms  {honest[key]['log']}",
+                flush=True,
+            )
         row = _evaluate(entry.problem, dict(entry.shapes), path)
         control = honest[key].get("median_ms")
         vs = control / row["median_ms"] if control and row["median_ms"] else None
         caught = row["outcome"] in entry.expect and not (
-            row["outcome"] == "correct" and entry.max_speedup is not None and (vs is None or vs > entry.max_speedup))
+            row["outcome"] == "correct"
+            and entry.max_speedup is not None
+            and (vs is None or vs > entry.max_speedup)
+        )
         if entry.hint and row["outcome"] != "correct":
             caught = caught and entry.hint in row["message"]
         row.update(name=path.stem, expect="|".join(sorted(entry.expect)), vs_honest=vs, caught=caught)
         rows.append(row)
-        print(f"{path.stem:32s} {row['outcome']:10s} vs honest {vs if vs is None else round(vs, 3)!s:>6s} "
-              f"{'CAUGHT' if caught else 'MISSED'}  {row['message'][:160]}", flush=True)
+        print(
+            f"{path.stem:32s} {row['outcome']:10s} vs honest {vs if vs is None else round(vs, 3)!s:>6s} "
+            f"{'CAUGHT' if caught else 'MISSED'}  {row['message'][:160]}",
+            flush=True,
+        )
     print("\n| cheat | verdict | x honest control | caught |\n|---|---|---|---|")
     for r in rows:
         vs = "-" if r["vs_honest"] is None else f"{r['vs_honest']:.2f}"
         print(f"| {r['name']} | {r['outcome']} | {vs} | {'yes' if r['caught'] else 'NO'} |")
-    print(f"\ncaught {sum(r['caught'] for r in rows)} of {len(rows)}; honest controls: "
-          + ", ".join(f"{k[0]} {v['outcome']} {v['median_ms']}" for k, v in honest.items()))
+    print(
+        f"\ncaught {sum(r['caught'] for r in rows)} of {len(rows)}; honest controls: "
+        + ", ".join(f"{k[0]} {v['outcome']} {v['median_ms']}" for k, v in honest.items())
+    )
     if args.json:
-        args.json.write_text(json.dumps({"cheats": rows, "honest": [{"problem": k[0], **v} for k, v in honest.items()]},
-                                        indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"cheats": rows, "honest": [{"problem": k[0], **v} for k, v in honest.items()]},
+                indent=1,
+                default=str,
+            )
+        )
     return 0
 
 

@@ -40,7 +40,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "examples/kernelbench/cuda"
-PROBLEMS = ["softmax", "gelu", "rms_norm", "layer_norm", "matmul", "sum_reduction", "rotary_embedding", "depthwise_conv2d"]
+PROBLEMS = [
+    "softmax",
+    "gelu",
+    "rms_norm",
+    "layer_norm",
+    "matmul",
+    "sum_reduction",
+    "rotary_embedding",
+    "depthwise_conv2d",
+]
 #: Further candidates, with --extra (load_inline builds a torch extension: ~1 minute).
 EXTRA = {"gelu": ["gelu_load_inline.py"], "matmul": ["matmul_tuned_cuda.py"]}
 SETS = ["small", "level1"]
@@ -60,11 +69,15 @@ def _input_bytes(problem: Any) -> int:
     import torch
 
     a = problem.analysis()
-    return sum(math.prod(s) * torch.empty((), dtype=getattr(torch, d)).element_size()
-               for s, d in zip(a.input_shapes, a.input_dtypes, strict=True))
+    return sum(
+        math.prod(s) * torch.empty((), dtype=getattr(torch, d)).element_size()
+        for s, d in zip(a.input_shapes, a.input_dtypes, strict=True)
+    )
 
 
-def plan_shapes(name: str, which: str, cap_bytes: int, level1: dict[str, dict[str, int]]) -> tuple[dict[str, int | float], Any]:
+def plan_shapes(
+    name: str, which: str, cap_bytes: int, level1: dict[str, dict[str, int]]
+) -> tuple[dict[str, int | float], Any]:
     """(shape overrides, problem) of one row: the file's own shapes, or LEVEL1's with the leading
     dimension halved until the inputs fit ``cap_bytes``."""
     from kfoundry.core.problem import load_problem
@@ -75,7 +88,9 @@ def plan_shapes(name: str, which: str, cap_bytes: int, level1: dict[str, dict[st
     shapes: dict[str, int | float] = dict(level1[name])
     problem = load_problem(path, shapes)
     lead = next(iter(shapes))
-    while _input_bytes(problem) > cap_bytes * 1.02 and shapes[lead] > 1:  # ~: small side inputs (rotary's cos/sin)
+    while (
+        _input_bytes(problem) > cap_bytes * 1.02 and shapes[lead] > 1
+    ):  # ~: small side inputs (rotary's cos/sin)
         shapes[lead] = max(1, int(shapes[lead]) // 2)
         problem = load_problem(path, shapes)
     return shapes, problem
@@ -175,7 +190,9 @@ def bench_row(problem: Any, candidate_path: Path, warmup: int, rep: int) -> dict
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     out: dict[str, Any] = {}
-    inputs = [t.cuda() if isinstance(t, torch.Tensor) else t for t in problem.make_inputs(987_654_321, "cuda")]
+    inputs = [
+        t.cuda() if isinstance(t, torch.Tensor) else t for t in problem.make_inputs(987_654_321, "cuda")
+    ]
     models: dict[str, Any] = {"ref": problem.make_reference().cuda()}
     try:
         runtime.set_backend(backend)
@@ -196,8 +213,11 @@ def bench_row(problem: Any, candidate_path: Path, warmup: int, rep: int) -> dict
                             out["rel_error"] = float((g - e).norm() / max(float(e.norm()), 1e-30))
                     del got
                     key = "do_bench_ms" if label == "cand" else "do_bench_ref_ms"
-                    out[key] = float(triton.testing.do_bench(lambda m=model, a=inputs: m(*a), warmup=warmup, rep=rep,
-                                                             return_mode="median"))
+                    out[key] = float(
+                        triton.testing.do_bench(
+                            lambda m=model, a=inputs: m(*a), warmup=warmup, rep=rep, return_mode="median"
+                        )
+                    )
                 except Exception as exc:
                     out[f"bench_{label}_error"] = _first_line(f"{type(exc).__name__}: {exc}")
     finally:
@@ -256,19 +276,49 @@ def _pc(v: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("problem", "set", "shape", "verdict", "judge ms", "do_bench ms", "judge/db-1", "ref judge ms",
-            "ref do_bench ms", "ref judge/db-1", "undercut")
+    head = (
+        "problem",
+        "set",
+        "shape",
+        "verdict",
+        "judge ms",
+        "do_bench ms",
+        "judge/db-1",
+        "ref judge ms",
+        "ref do_bench ms",
+        "ref judge/db-1",
+        "undercut",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (PROBLEMS.index(r["problem"]), SETS.index(r["set"]), r["candidate"])):
         verdict = r.get("verdict") or ("error" if r.get("error") else r.get("skipped", "-"))
-        name = r["problem"] if r["candidate"] == f"{r['problem']}_cuda.py" else f"{r['problem']} ({r['candidate']})"
+        name = (
+            r["problem"]
+            if r["candidate"] == f"{r['problem']}_cuda.py"
+            else f"{r['problem']} ({r['candidate']})"
+        )
         under = f"{r.get('undercut_batches', 0)}/{r.get('judge_n', '-')}" if "judge_n" in r else "-"
         if r.get("ref_undercut_batches"):
             under += f" ref {r['ref_undercut_batches']}/{r.get('judge_ref_n', '-')}"
-        lines.append("| " + " | ".join([
-            name, r["set"], r.get("shape", "-"), verdict, _ms(r.get("judge_ms")), _ms(r.get("do_bench_ms")),
-            _pc(r.get("dev")), _ms(r.get("judge_ref_ms")), _ms(r.get("do_bench_ref_ms")), _pc(r.get("ref_dev")), under,
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    r["set"],
+                    r.get("shape", "-"),
+                    verdict,
+                    _ms(r.get("judge_ms")),
+                    _ms(r.get("do_bench_ms")),
+                    _pc(r.get("dev")),
+                    _ms(r.get("judge_ref_ms")),
+                    _ms(r.get("do_bench_ref_ms")),
+                    _pc(r.get("ref_dev")),
+                    under,
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -276,12 +326,21 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median and maximum of |judge/do_bench - 1|: candidates, references, and both together."""
 
     def stats(keys: tuple[str, ...]) -> dict[str, Any]:
-        vals = [(abs(r[k]), f"{r['problem']}/{r['set']}" + ("/ref" if k == "ref_dev" else ""))
-                for r in rows for k in keys if isinstance(r.get(k), (int, float))]
+        vals = [
+            (abs(r[k]), f"{r['problem']}/{r['set']}" + ("/ref" if k == "ref_dev" else ""))
+            for r in rows
+            for k in keys
+            if isinstance(r.get(k), (int, float))
+        ]
         if not vals:
             return {"n": 0}
         worst = max(vals)
-        return {"n": len(vals), "median_abs": statistics.median(v for v, _ in vals), "max_abs": worst[0], "max_at": worst[1]}
+        return {
+            "n": len(vals),
+            "median_abs": statistics.median(v for v, _ in vals),
+            "max_abs": worst[0],
+            "max_at": worst[1],
+        }
 
     return {"all": stats(("dev", "ref_dev")), "candidate": stats(("dev",)), "reference": stats(("ref_dev",))}
 
@@ -292,8 +351,9 @@ def summary_line(s: dict[str, Any]) -> str:
             return f"{label}: none"
         return f"{label} median {100 * d['median_abs']:.2f}% max {100 * d['max_abs']:.2f}% ({d['max_at']}, n={d['n']})"
 
-    return ("|judge/do_bench - 1|: " + "; ".join([part("all", s["all"]), part("candidate", s["candidate"]),
-                                                 part("reference", s["reference"])]))
+    return "|judge/do_bench - 1|: " + "; ".join(
+        [part("all", s["all"]), part("candidate", s["candidate"]), part("reference", s["reference"])]
+    )
 
 
 def write_json(path: Path | None, rows: list[dict[str, Any]], env: dict[str, Any]) -> None:
@@ -301,7 +361,9 @@ def write_json(path: Path | None, rows: list[dict[str, Any]], env: dict[str, Any
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"env": env, "rows": rows, "summary": summary(rows)}, indent=1, default=str))
+        path.write_text(
+            json.dumps({"env": env, "rows": rows, "summary": summary(rows)}, indent=1, default=str)
+        )
     except OSError as exc:
         print(f"cuda_trust_timer: cannot write {path}: {exc}", file=sys.stderr)
 
@@ -311,16 +373,29 @@ def write_json(path: Path | None, rows: list[dict[str, Any]], env: dict[str, Any
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                        help="problems to run (names, or comma-separated): " + ", ".join(PROBLEMS))
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="problems to run (names, or comma-separated): " + ", ".join(PROBLEMS),
+    )
     parser.add_argument("--sets", nargs="+", default=SETS, choices=SETS, help="shape sets (default both)")
-    parser.add_argument("--cap-mib", type=float, default=256.0, help="largest level1 input, MiB (default 256)")
+    parser.add_argument(
+        "--cap-mib", type=float, default=256.0, help="largest level1 input, MiB (default 256)"
+    )
     parser.add_argument("--extra", action="store_true", help="also gelu_load_inline and matmul_tuned_cuda")
-    parser.add_argument("--timeout", type=float, default=90.0, help="evaluation timeout_s of one job (default 90)")
+    parser.add_argument(
+        "--timeout", type=float, default=90.0, help="evaluation timeout_s of one job (default 90)"
+    )
     parser.add_argument("--warmup", type=int, default=50, help="do_bench warmup, ms (default 50)")
     parser.add_argument("--rep", type=int, default=300, help="do_bench rep, ms (default 300)")
-    parser.add_argument("--budget", type=float, default=330.0,
-                        help="start no new row after this many seconds (default 330; the session step allows 420)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=330.0,
+        help="start no new row after this many seconds (default 330; the session step allows 420)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows (rewritten after each row)")
     parser.add_argument("--plan", action="store_true", help="print the rows and shapes only (no GPU needed)")
     args = parser.parse_args(argv)
@@ -342,7 +417,9 @@ def planned(args: argparse.Namespace) -> list[tuple[str, str, Path]]:
         for name in PROBLEMS:
             if args.only and name not in args.only:
                 continue
-            files = [CANDIDATES / f"{name}_cuda.py"] + ([CANDIDATES / f for f in EXTRA.get(name, [])] if args.extra else [])
+            files = [CANDIDATES / f"{name}_cuda.py"] + (
+                [CANDIDATES / f for f in EXTRA.get(name, [])] if args.extra else []
+            )
             rows += [(name, which, f) for f in files]
     return rows
 
@@ -360,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
                     args.json.write_text(json.dumps({"error": why, "rows": []}))
             return 2
     level1 = _level1()
-    env: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv, "cap_mib": args.cap_mib, "do_bench": {"warmup": args.warmup, "rep": args.rep}}
+    env: dict[str, Any] = {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "cap_mib": args.cap_mib,
+        "do_bench": {"warmup": args.warmup, "rep": args.rep},
+    }
     if not args.plan:
         try:
             import torch
@@ -379,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["skipped"] = "no candidate file"
                 continue
             shapes, problem = plan_shapes(name, which, cap, level1)
-            row.update(shapes=shapes, shape=_shape_label(problem), input_mib=round(_input_bytes(problem) / 2**20, 1))
+            row.update(
+                shapes=shapes, shape=_shape_label(problem), input_mib=round(_input_bytes(problem) / 2**20, 1)
+            )
             if args.plan:
                 print(json.dumps(row), flush=True)
                 continue

@@ -31,8 +31,12 @@ EXAMPLES = ROOT / "examples" / "kernelbench"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--all", action="store_true", help="every example problem, not only those with improved kernels")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="every example problem, not only those with improved kernels"
+    )
     parser.add_argument("--target-time", type=float, default=0.5, help="seconds of timing per kernel")
     parser.add_argument("--shape", action="append", default=[], metavar="PROBLEM:NAME=VALUE")
     parser.add_argument("--device", default=None, help="OpenCL device index or name substring")
@@ -46,12 +50,25 @@ def main() -> None:
         prob, _, assignment = item.partition(":")
         shapes.setdefault(prob, []).append(assignment)
     config = load_config(
-        data={"evaluation": {"target_time_s": args.target_time, "cache": False, "max_repeats": 400},
-              "backend": {"device": args.device}},
+        data={
+            "evaluation": {"target_time_s": args.target_time, "cache": False, "max_repeats": 400},
+            "backend": {"device": args.device},
+        },
         validate_plugins=False,
     )
     table = Table(title="kfoundry: seed vs improved OpenCL kernels (median of timed runs, ms)")
-    for col in ("problem", "kernel", "verdict", "median", "IQR", "95% CI", "n", "reference", "speedup", "vs seed"):
+    for col in (
+        "problem",
+        "kernel",
+        "verdict",
+        "median",
+        "IQR",
+        "95% CI",
+        "n",
+        "reference",
+        "speedup",
+        "vs seed",
+    ):
         table.add_column(col, justify="right" if col not in ("problem", "kernel", "verdict") else "left")
     device = ""
     for name in names:
@@ -71,10 +88,16 @@ def main() -> None:
                     ratio = f"{seed_ms / t.median_ms:.2f}x" if seed_ms else ""
                 ref = record.reference_timing
                 table.add_row(
-                    name, kind.rstrip("s"), record.outcome.value,
-                    f"{t.median_ms:.3f}" if t else "-", f"{t.iqr_ms:.3f}" if t else "-",
-                    f"[{t.ci95_low_ms:.3f}, {t.ci95_high_ms:.3f}]" if t else "-", str(t.n) if t else "-",
-                    f"{ref.median_ms:.3f}" if ref else "-", f"{record.speedup:.3f}x" if record.speedup else "-", ratio,
+                    name,
+                    kind.rstrip("s"),
+                    record.outcome.value,
+                    f"{t.median_ms:.3f}" if t else "-",
+                    f"{t.iqr_ms:.3f}" if t else "-",
+                    f"[{t.ci95_low_ms:.3f}, {t.ci95_high_ms:.3f}]" if t else "-",
+                    str(t.n) if t else "-",
+                    f"{ref.median_ms:.3f}" if ref else "-",
+                    f"{record.speedup:.3f}x" if record.speedup else "-",
+                    ratio,
                 )
     console = Console(width=140)
     console.print(table)

@@ -31,13 +31,24 @@ def _run(tree: Path, problem: str, candidate: str) -> tuple[float, str]:
     examples = ROOT / "examples" / "kernelbench"
     env = dict(os.environ, PYTHONPATH=str(tree))
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-c", "from kfoundry.core.cli import main; main()", "eval",
-               str(examples / f"{problem}.py"), str(examples / candidate), "--no-cache", "--set", f"output_dir={out}"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "from kfoundry.core.cli import main; main()",
+            "eval",
+            str(examples / f"{problem}.py"),
+            str(examples / candidate),
+            "--no-cache",
+            "--set",
+            f"output_dir={out}",
+        ]
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=600)
         wall = time.perf_counter() - start
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
-    verdict = next((ln.split()[0] for ln in lines if ln.split() and ln.split()[0] in ("correct", "correct:")), "")
+    verdict = next(
+        (ln.split()[0] for ln in lines if ln.split() and ln.split()[0] in ("correct", "correct:")), ""
+    )
     return wall, verdict or (lines[0][:40] if lines else done.stderr.strip()[-80:])
 
 
@@ -60,8 +71,10 @@ def main() -> None:
     for problem, _ in CASES:
         base = statistics.median(walls[(problem, "baseline")])
         this = statistics.median(walls[(problem, "this")])
-        print(f"| {problem} | {base:.1f} | {this:.1f} | {this / base:.2f} | "
-              f"{verdicts[(problem, 'baseline')]} / {verdicts[(problem, 'this')]} |")
+        print(
+            f"| {problem} | {base:.1f} | {this:.1f} | {this / base:.2f} | "
+            f"{verdicts[(problem, 'baseline')]} / {verdicts[(problem, 'this')]} |"
+        )
 
 
 if __name__ == "__main__":

@@ -32,34 +32,62 @@ from kfoundry.core.problem import load_problem, parse_shape_overrides
 from kfoundry.core.store import Store
 
 FAST = [
-    "evaluation.trials=3", "evaluation.target_time_s=0.1", "evaluation.warmup_s=0.02", "evaluation.min_repeats=5",
+    "evaluation.trials=3",
+    "evaluation.target_time_s=0.1",
+    "evaluation.warmup_s=0.02",
+    "evaluation.min_repeats=5",
 ]
 
 
-def run_one(problem_path: Path, shapes: dict, strategy: str, seed: int, evaluations: int, backend: str,
-            store: Store, out: Path, fast: bool, initial: int, descriptors: str = "static") -> dict:
-    overrides = [f"search.name={strategy}", f"seed={seed}", f"budget.evaluations={evaluations}",
-                 "budget.generations=1000", "tuner.every=-1", f"backend.name={backend}", f"output_dir={out}",
-                 f"search.options.descriptors={descriptors}"]
+def run_one(
+    problem_path: Path,
+    shapes: dict,
+    strategy: str,
+    seed: int,
+    evaluations: int,
+    backend: str,
+    store: Store,
+    out: Path,
+    fast: bool,
+    initial: int,
+    descriptors: str = "static",
+) -> dict:
+    overrides = [
+        f"search.name={strategy}",
+        f"seed={seed}",
+        f"budget.evaluations={evaluations}",
+        "budget.generations=1000",
+        "tuner.every=-1",
+        f"backend.name={backend}",
+        f"output_dir={out}",
+        f"search.options.descriptors={descriptors}",
+    ]
     config = load_config(overrides=overrides + (FAST if fast else []))
     problem = load_problem(problem_path, shapes)
     run_id, run_dir = new_run_dir(config, f"{problem.name}-{strategy}-{descriptors}-s{seed}")
     evaluator = Evaluator(problem, config, store, run_id)
     seed_kernel = find_seed_kernel(problem_path, evaluator.backend.language)
-    loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, seed_kernel=seed_kernel,
-                        initial_proposals=initial)
+    loop = OptimizeLoop(
+        config, problem, evaluator, store, run_id, run_dir, seed_kernel=seed_kernel, initial_proposals=initial
+    )
     t0 = time.monotonic()
     summary = loop.run()
     best = summary.best
     cells = {tuple(c.coords) for c in loop.strategy.archive if c.record.is_correct}
     return {
-        "descriptors": descriptors, "cells": len(cells), "axes": ",".join(loop.space.names),
-        "strategy": strategy, "seed": seed, "evaluations": summary.evaluations,
+        "descriptors": descriptors,
+        "cells": len(cells),
+        "axes": ",".join(loop.space.names),
+        "strategy": strategy,
+        "seed": seed,
+        "evaluations": summary.evaluations,
         "speedup": best.record.speedup if best and best.record.is_correct else None,
-        "vs_seed": summary.speedup_over_seed, "coverage": summary.coverage,
+        "vs_seed": summary.speedup_over_seed,
+        "coverage": summary.coverage,
         "ms": best.record.timing.median_ms if best and best.record.timing else None,
         "roofline": best.record.roofline_fraction if best else None,
-        "best": best.candidate.label if best else "-", "params": best.candidate.params if best else {},
+        "best": best.candidate.label if best else "-",
+        "params": best.candidate.params if best else {},
         "wall_s": time.monotonic() - t0,
     }
 
@@ -76,11 +104,20 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--evaluations", type=int, default=24)
     parser.add_argument("--backend", default="opencl")
-    parser.add_argument("--descriptors", default="static,measured",
-                        help="comma-separated descriptor sets to compare (static, measured)")
-    parser.add_argument("--initial", type=int, default=1,
-                        help="generator seeds in generation 0 (1: only the naive recipe, so the search must climb)")
-    parser.add_argument("--full-timing", action="store_true", help="use the default (slower) evaluation settings")
+    parser.add_argument(
+        "--descriptors",
+        default="static,measured",
+        help="comma-separated descriptor sets to compare (static, measured)",
+    )
+    parser.add_argument(
+        "--initial",
+        type=int,
+        default=1,
+        help="generator seeds in generation 0 (1: only the naive recipe, so the search must climb)",
+    )
+    parser.add_argument(
+        "--full-timing", action="store_true", help="use the default (slower) evaluation settings"
+    )
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     args = parser.parse_args()
 
@@ -93,23 +130,58 @@ def main() -> None:
     for seed in range(args.seeds):
         for descriptors in sets:
             for strategy in args.strategies.split(","):
-                row = run_one(Path(args.problem), shapes, strategy, seed, args.evaluations, args.backend, store,
-                              out, not args.full_timing, args.initial, descriptors)
-                console.print(f"[dim]{descriptors} {strategy} seed {seed}: best {_fmt(row['speedup'])} "
-                              f"({row['best']}), coverage {row['coverage']:.1%} ({row['cells']} cells), "
-                              f"{row['wall_s']:.0f} s[/dim]")
+                row = run_one(
+                    Path(args.problem),
+                    shapes,
+                    strategy,
+                    seed,
+                    args.evaluations,
+                    args.backend,
+                    store,
+                    out,
+                    not args.full_timing,
+                    args.initial,
+                    descriptors,
+                )
+                console.print(
+                    f"[dim]{descriptors} {strategy} seed {seed}: best {_fmt(row['speedup'])} "
+                    f"({row['best']}), coverage {row['coverage']:.1%} ({row['cells']} cells), "
+                    f"{row['wall_s']:.0f} s[/dim]"
+                )
                 rows.append(row)
 
-    table = Table(title=f"search strategies on {Path(args.problem).name} ({args.backend}), "
-                        f"{args.evaluations} evaluations per run")
-    for col in ("descriptors", "strategy", "seed", "best kernel", "ms", "speedup vs reference", "vs naive seed",
-                "roofline", "coverage", "cells", "evals"):
+    table = Table(
+        title=f"search strategies on {Path(args.problem).name} ({args.backend}), "
+        f"{args.evaluations} evaluations per run"
+    )
+    for col in (
+        "descriptors",
+        "strategy",
+        "seed",
+        "best kernel",
+        "ms",
+        "speedup vs reference",
+        "vs naive seed",
+        "roofline",
+        "coverage",
+        "cells",
+        "evals",
+    ):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["descriptors"], r["strategy"], str(r["seed"]), f"{r['best']} {r['params']}".replace("[", "\\["), _fmt(r["ms"], ".3f", ""),
-                      _fmt(r["speedup"]), _fmt(r["vs_seed"], ".1f"),
-                      _fmt(None if r["roofline"] is None else 100 * r["roofline"], ".0f", "%"),
-                      f"{r['coverage']:.1%}", str(r["cells"]), str(r["evaluations"]))
+        table.add_row(
+            r["descriptors"],
+            r["strategy"],
+            str(r["seed"]),
+            f"{r['best']} {r['params']}".replace("[", "\\["),
+            _fmt(r["ms"], ".3f", ""),
+            _fmt(r["speedup"]),
+            _fmt(r["vs_seed"], ".1f"),
+            _fmt(None if r["roofline"] is None else 100 * r["roofline"], ".0f", "%"),
+            f"{r['coverage']:.1%}",
+            str(r["cells"]),
+            str(r["evaluations"]),
+        )
     console.print(table)
 
     summary = Table(title=f"per strategy over {args.seeds} seeds (median \\[min-max])")
@@ -127,7 +199,9 @@ def main() -> None:
             return f"{statistics.median(vals):.2f}x [{min(vals):.2f}-{max(vals):.2f}]"
 
         cells = statistics.median([r["cells"] for r in mine]) if mine else 0
-        summary.add_row(descriptors, strategy, agg("speedup"), agg("vs_seed"), agg("coverage", pct=True), f"{cells:g}")
+        summary.add_row(
+            descriptors, strategy, agg("speedup"), agg("vs_seed"), agg("coverage", pct=True), f"{cells:g}"
+        )
     console.print(summary)
     console.print(f"runs and the shared store: {out}")
 

@@ -51,14 +51,17 @@ def _median_ms(fn: object, repeats: int, sync: object) -> float:
 def _vector_add_ms(module: Any, backend: SyclBackend, n: int, repeats: int) -> tuple[float, float]:
     """(SYCL kernel, torch) median ms for c = a + b over ``n`` floats; the kernel's result is checked."""
     a, b, c = torch.rand(n), torch.rand(n), torch.empty(n)
-    kernel_ms = _median_ms(lambda: module.add(a, b, c, n, grid=(n // 256,), block=(256,)), repeats,
-                           backend.synchronize)
+    kernel_ms = _median_ms(
+        lambda: module.add(a, b, c, n, grid=(n // 256,), block=(256,)), repeats, backend.synchronize
+    )
     torch.testing.assert_close(c, a + b)
     return kernel_ms, _median_ms(lambda: torch.add(a, b, out=c), repeats, lambda: None)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--compiles", type=int, default=5, help="fresh sources to compile")
     parser.add_argument("--repeats", type=int, default=30, help="launches timed per size")
     args = parser.parse_args()
@@ -69,7 +72,9 @@ def main() -> None:
     device = backend.select_device(None)
     cold = []
     for i in range(args.compiles):  # a distinct define each time: no JIT-cache hit
-        cold.append(backend.load(ADD, defines={"SALT": f"{1 + (time.time_ns() % 10**6) * 1e-12 + i}f"}).compile_time_s)
+        cold.append(
+            backend.load(ADD, defines={"SALT": f"{1 + (time.time_ns() % 10**6) * 1e-12 + i}f"}).compile_time_s
+        )
     module = backend.load(ADD, defines={"SALT": "1.0f"})
     cached = backend.load(ADD, defines={"SALT": "1.0f"}).compile_time_s
 
@@ -80,8 +85,9 @@ def main() -> None:
     table.add_row("compile, same source again (JIT cache)", f"{cached:.2f} s")
     for n in (1 << 20, 1 << 24):
         kernel_ms, torch_ms = _vector_add_ms(module, backend, n, args.repeats)
-        table.add_row(f"vector add 2^{n.bit_length() - 1} floats: SYCL / torch",
-                      f"{kernel_ms:.3f} / {torch_ms:.3f} ms")
+        table.add_row(
+            f"vector add 2^{n.bit_length() - 1} floats: SYCL / torch", f"{kernel_ms:.3f} / {torch_ms:.3f} ms"
+        )
     Console().print(table)
 
 

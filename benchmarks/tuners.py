@@ -43,7 +43,14 @@ from kfoundry.core.tuner import Budget, run_tuner  # noqa: E402
 
 SPACES_DIR = Path(__file__).parent / "spaces"
 BUDGETS = (20, 50, 100, 200)
-KT_STRATEGIES = ("random_sample", "genetic_algorithm", "pso", "bayes_opt", "simulated_annealing", "basinhopping")
+KT_STRATEGIES = (
+    "random_sample",
+    "genetic_algorithm",
+    "pso",
+    "bayes_opt",
+    "simulated_annealing",
+    "basinhopping",
+)
 #: Our tuners: label -> (plugin name, options).
 OURS: dict[str, tuple[str, dict[str, Any]]] = {
     "bayesian": ("bayesian", {}),
@@ -71,7 +78,9 @@ def run_ours(path: str, label: str, seed: int, budget: int) -> list[float | None
     recorded = _space(path)
     name, options = OURS[label]
     tuner = get_plugin("tuner", name).build(options)
-    trace = run_tuner(recorded.space(), replay_objective(recorded), tuner, Budget(evaluations=budget), seed=seed)
+    trace = run_tuner(
+        recorded.space(), replay_objective(recorded), tuner, Budget(evaluations=budget), seed=seed
+    )
     return [t.value for t in trace.trials]
 
 
@@ -134,7 +143,9 @@ def _fmt_evals(x: float, cap: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spaces", nargs="*", help="Kernel Tuner cache files (default: benchmarks/spaces/*.json)")
+    parser.add_argument(
+        "spaces", nargs="*", help="Kernel Tuner cache files (default: benchmarks/spaces/*.json)"
+    )
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tuners", default=",".join(DEFAULT_OURS), help=f"ours, of: {', '.join(OURS)}")
@@ -157,7 +168,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{rec.fraction_within(1.01):.2%}"
         )
     tasks = [("ours", p, m, s, top) for p in paths for m in ours for s in range(args.seeds)]
-    tasks += [("kt", p, m, s, b) for p in paths for m in strategies for b in BUDGETS for s in range(args.seeds)]
+    tasks += [
+        ("kt", p, m, s, b) for p in paths for m in strategies for b in BUDGETS for s in range(args.seeds)
+    ]
     runs: dict[tuple[str, str, int], list[list[float | None]]] = {}
     cpu: dict[str, float] = {}
     start = time.perf_counter()
@@ -165,14 +178,19 @@ def main(argv: list[str] | None = None) -> None:
         for path, method, budget, _seed, values, secs in pool.map(_task, tasks, chunksize=1):
             runs.setdefault((path, method, budget), []).append(values)
             cpu[method] = cpu.get(method, 0.0) + secs
-    print(f"\n{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.seeds} seeds per tuner, space and budget)")
+    print(
+        f"\n{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.seeds} seeds per tuner, space and budget)"
+    )
     methods = [(m, "ours") for m in ours] + [(f"kt:{m}", m) for m in strategies]
 
     def stats(path: str, label: str) -> tuple[list[float], float, float]:
         rec = _space(path)
         if label.startswith("kt:"):
             name = label[3:]
-            ratios = [statistics.median(best_ratio(v, b, rec.optimum) for v in runs[(path, name, b)]) for b in BUDGETS]
+            ratios = [
+                statistics.median(best_ratio(v, b, rec.optimum) for v in runs[(path, name, b)])
+                for b in BUDGETS
+            ]
             longest = runs[(path, name, top)]
         else:
             longest = runs[(path, label, top)]
@@ -200,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
         e1 = geomean([min(r[2], top + 1) for r in rows])
         cells = [_fmt_ratio(r) for r in ratios] + [f"{e5:.1f}", f"{e1:.1f}"]
         print(f"{label:>20} | " + " | ".join(f"{c:>12}" for c in cells))
-    print("\nCPU seconds per tuner (all spaces and seeds): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()))
+    print(
+        "\nCPU seconds per tuner (all spaces and seeds): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,17 @@ PROJECT_NAME = "kfoundry"
 #: Decorator for plugin hook implementations: ``@hookimpl def kf_register_backends(register): ...``
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-_API = ("optimize", "resume", "evaluate", "tune", "export", "OptimizeResult", "KernelResult", "ShapeResult",
-        "ExportResult")
+_API = (
+    "optimize",
+    "resume",
+    "evaluate",
+    "tune",
+    "export",
+    "OptimizeResult",
+    "KernelResult",
+    "ShapeResult",
+    "ExportResult",
+)
 
 if TYPE_CHECKING:
     from kfoundry.api import (
@@ -44,6 +53,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "__version__", "hookimpl", "PROJECT_NAME", "optimize", "resume", "evaluate", "tune", "export", "OptimizeResult",
-    "KernelResult", "ShapeResult", "ExportResult",
+    "__version__",
+    "hookimpl",
+    "PROJECT_NAME",
+    "optimize",
+    "resume",
+    "evaluate",
+    "tune",
+    "export",
+    "OptimizeResult",
+    "KernelResult",
+    "ShapeResult",
+    "ExportResult",
 ]

@@ -23,7 +23,7 @@ from kfoundry.core import plugins as plugins_module
 from kfoundry.core.config import RunConfig, load_config
 from kfoundry.core.plugins import PluginManager
 
-VECTOR_ADD_PROBLEM = '''
+VECTOR_ADD_PROBLEM = """
 import torch
 import torch.nn as nn
 
@@ -44,7 +44,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 @pytest.fixture

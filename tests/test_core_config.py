@@ -58,7 +58,11 @@ def test_override_into_llm_list(manager) -> None:  # type: ignore[no-untyped-def
         ({"budget": {"generatons": 2}}, [], "unknown key budget.generatons"),
         ({}, ["budget.generations=many"], "budget.generations: Input should be a valid integer"),
         ({}, ["search.name=nope"], "search.name: unknown search plugin 'nope'"),
-        ({"search": {"name": "test-strategy", "options": {"islnds": 3}}}, [], "unknown key search.options.islnds"),
+        (
+            {"search": {"name": "test-strategy", "options": {"islnds": 3}}},
+            [],
+            "unknown key search.options.islnds",
+        ),
         ({"search": {"name": "test-strategy", "options": {"islands": "x"}}}, [], "search.options.islands"),
         ({"llms": [{"name": "offline", "wieght": 1}]}, [], "unknown key llms[0].wieght"),
     ],
@@ -94,7 +98,9 @@ def test_cli_bad_config_exits_2_in_one_line(tmp_path: Path, toml: str, expected:
     path.write_text(toml)
     result = subprocess.run(
         [sys.executable, "-c", "from kfoundry.core.cli import main; main()", "config", "--config", str(path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -107,8 +113,18 @@ def test_cli_debug_shows_traceback(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[budget]\ngenerations = 0\n")
     result = subprocess.run(
-        [sys.executable, "-c", "from kfoundry.core.cli import main; main()", "--debug", "config", "--config", str(path)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "from kfoundry.core.cli import main; main()",
+            "--debug",
+            "config",
+            "--config",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "Traceback" in result.stderr

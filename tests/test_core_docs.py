@@ -16,7 +16,9 @@ def test_config_reference_is_current() -> None:
     manager.load_entry_points()
     expected = render(manager)
     actual = (ROOT / "docs" / "config.md").read_text()
-    assert actual == expected, "docs/config.md is stale: run `python -m kfoundry.core.docgen > docs/config.md`"
+    assert actual == expected, (
+        "docs/config.md is stale: run `python -m kfoundry.core.docgen > docs/config.md`"
+    )
 
 
 def test_config_reference_covers_every_section() -> None:
@@ -27,7 +29,9 @@ def test_config_reference_covers_every_section() -> None:
 
 def test_hook_reference_is_current() -> None:
     actual = (ROOT / "docs" / "hooks.md").read_text()
-    assert actual == render_hooks(), "docs/hooks.md is stale: run `python -m kfoundry.core.docgen hooks > docs/hooks.md`"
+    assert actual == render_hooks(), (
+        "docs/hooks.md is stale: run `python -m kfoundry.core.docgen hooks > docs/hooks.md`"
+    )
 
 
 def test_hook_reference_lists_parameters_as_markdown() -> None:

@@ -44,7 +44,8 @@ def test_hook_is_exercised_by_a_test(name: str) -> None:
     """Some test other than this file's parametrisation must call or implement the hook."""
     here = Path(__file__).name
     uses = [
-        p for p in (ROOT / "tests").rglob("test_*.py")
+        p
+        for p in (ROOT / "tests").rglob("test_*.py")
         if p.name != here and re.search(rf"\b{name}\b", p.read_text())
     ]
     own = re.findall(rf"def {name}\(", Path(__file__).read_text())
@@ -89,8 +90,13 @@ def test_lifecycle_wrappers_reach_plugins(kf_register_plugin) -> None:  # type: 
     assert hooks.static_checks(good, "vadd", manager) == []
     assert hooks.static_checks(bad, "vadd", manager) == ["uses printf"]
     record = EvalRecord(
-        candidate_hash=good.content_hash, eval_key="k", problem="vadd", backend="opencl",
-        device="cpu", outcome=Outcome.correct, speedup=1.5,
+        candidate_hash=good.content_hash,
+        eval_key="k",
+        problem="vadd",
+        backend="opencl",
+        device="cpu",
+        outcome=Outcome.correct,
+        speedup=1.5,
     )
     hooks.candidate_evaluated(good, record, manager)
     config = resolved_run_config(load_config(overrides=["seed=3"]), manager)
@@ -98,13 +104,23 @@ def test_lifecycle_wrappers_reach_plugins(kf_register_plugin) -> None:  # type: 
     generation = hooks.generation_finished(
         "run-1", 3, GenerationSummary(evaluations=12, best_speedup=2.0, coverage=0.25), manager
     )
-    summary = RunSummary(run_id="run-1", run_dir="kf-runs/run-1", stop_reason="budget", generations=4,
-                         evaluations=12, best_speedup=2.0)
+    summary = RunSummary(
+        run_id="run-1",
+        run_dir="kf-runs/run-1",
+        stop_reason="budget",
+        generations=4,
+        evaluations=12,
+        best_speedup=2.0,
+    )
     assert hooks.run_finished("run-1", summary, manager) is summary
     names = [name for name, _ in recorder.calls]
     assert names == [
-        "kf_static_checks", "kf_static_checks", "kf_candidate_evaluated",
-        "kf_run_started", "kf_generation_finished", "kf_run_finished",
+        "kf_static_checks",
+        "kf_static_checks",
+        "kf_candidate_evaluated",
+        "kf_run_started",
+        "kf_generation_finished",
+        "kf_run_finished",
     ]
     assert recorder.calls[2][1]["outcome"] is Outcome.correct
     started = recorder.calls[3][1]["config"]
@@ -119,7 +135,9 @@ def test_lifecycle_wrappers_refuse_plain_data(kf_register_plugin) -> None:  # ty
     manager = kf_register_plugin(recorder, name="recorder")
     with pytest.raises(TypeError, match="^run_started: config must be a RunConfig, got dict$"):
         hooks.run_started("run-1", {"seed": 5}, manager)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="^generation_finished: summary must be a GenerationSummary, got dict$"):
+    with pytest.raises(
+        TypeError, match="^generation_finished: summary must be a GenerationSummary, got dict$"
+    ):
         hooks.generation_finished("run-1", 0, {"evaluations": 4, "coverage": 0.0}, manager)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="^run_finished: summary must be a RunSummary, got dict$"):
         hooks.run_finished("run-1", {"run_id": "run-1"}, manager)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from kfoundry import hookimpl
 from kfoundry.core.errors import PluginError
 from kfoundry.core.plugins import PluginManager, PluginWarning
 
-EXT_BACKEND = '''
+EXT_BACKEND = """
 from kfoundry import hookimpl
 from kfoundry.core.backend import Backend, BackendCapabilities, BackendOptions, KernelModule
 
@@ -42,9 +42,9 @@ class EchoBackend(Backend):
 @hookimpl
 def kf_register_backends(register):
     register("echo", EchoBackend, options=BackendOptions, description="demo backend")
-'''
+"""
 
-EXT_PYPROJECT = '''
+EXT_PYPROJECT = """
 [build-system]
 requires = ["setuptools"]
 build-backend = "setuptools.build_meta"
@@ -60,7 +60,7 @@ py-modules = ["kf_ext_backend", "kf_ext_broken", "kf_ext_badhook"]
 extbackend = "kf_ext_backend"
 extbroken = "kf_ext_broken"
 extbadhook = "kf_ext_badhook"
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,18 @@ def ext_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     site = tmp_path_factory.mktemp("ext_site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
         check=True,
         capture_output=True,
     )
@@ -88,7 +98,10 @@ def _kf_run(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[s
     full_env.pop("KF_LOAD_PLUGINS", None) if "KF_LOAD_PLUGINS" not in env else None
     return subprocess.run(
         [sys.executable, "-c", "from kfoundry.core.cli import main; main()", *args],
-        capture_output=True, text=True, env=full_env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
     )
 
 
@@ -192,7 +205,6 @@ def test_every_bundled_entry_point_loads() -> None:
         manager.load_entry_points()
     assert {"opencl", "offline", "map_elites", "bayesian", "local"} <= set(manager.infos)
     assert "opencl" in manager.registry("backend")
-
 
 
 def test_loading_every_bundled_plugin_imports_no_heavy_library() -> None:

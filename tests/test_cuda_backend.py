@@ -90,7 +90,7 @@ def test_arch_option_and_sm90a_selection(backend: CudaBackend) -> None:
     backend.options.arch = "sm_80"
     assert backend.load(ADD).resources["add"]["arch"] == "sm_80"
     assert choose_arch(None, ADD) == "sm_90"
-    assert choose_arch("9.0", "asm volatile(\"wgmma.fence.sync.aligned;\");") == "sm_90a"
+    assert choose_arch("9.0", 'asm volatile("wgmma.fence.sync.aligned;");') == "sm_90a"
     assert choose_arch("8.6", ADD) == "sm_86"
 
 

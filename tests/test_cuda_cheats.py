@@ -21,8 +21,13 @@ CHEATS = sorted((ROOT / "tests/data/bad_cuda").glob("g*.py"))
 
 def _kernel_sources(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
-    return [n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-            and any(getattr(t, "id", "") == "SRC" for t in n.targets)]
+    return [
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Constant)
+        and any(getattr(t, "id", "") == "SRC" for t in n.targets)
+    ]
 
 
 def test_catalogue_is_complete() -> None:
@@ -30,7 +35,9 @@ def test_catalogue_is_complete() -> None:
     for path in CHEATS:
         entry = parse("bad_cuda", path)
         assert entry is not None and entry.description, path
-        assert "correct" not in entry.expect or entry.max_speedup is not None, f"{path}: correct needs max_speedup"
+        assert "correct" not in entry.expect or entry.max_speedup is not None, (
+            f"{path}: correct needs max_speedup"
+        )
 
 
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC is not installed (extra `cuda`)")
@@ -52,7 +59,11 @@ def _has_gpu() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU (run benchmarks/cuda_trust_cheats.py there)")
 def test_every_cheat_is_caught_on_the_gpu() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/cuda_trust_cheats.py")], capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/cuda_trust_cheats.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| NO |" not in done.stdout, done.stdout[-4000:]

@@ -16,7 +16,12 @@ def test_measure_takes_each_repeat_from_the_device_clock() -> None:
         return next(clock)
 
     stats = measure(
-        lambda i: calls.append(i), lambda: None, warmup_s=0.0, target_time_s=1e-9, min_repeats=5, max_repeats=5,
+        lambda i: calls.append(i),
+        lambda: None,
+        warmup_s=0.0,
+        target_time_s=1e-9,
+        min_repeats=5,
+        max_repeats=5,
         device_timer=device_timer,
     )
     assert stats.n == 5 and sorted(stats.times_ms) == [1.0, 2.0, 3.0, 4.0, 5.0]

@@ -31,32 +31,58 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[LLMServer]:
         yield srv
 
 
-def config(srv: LLMServer, mode: str = "vote", keep: int = 2, weights: tuple[float, float] = (1, 1), **budget: Any) -> RunConfig:
+def config(
+    srv: LLMServer, mode: str = "vote", keep: int = 2, weights: tuple[float, float] = (1, 1), **budget: Any
+) -> RunConfig:
     opts = {"api_key_env": "KF_TEST_KEY", "max_retries": 1, "timeout": 5.0}
-    return RunConfig.model_validate({
-        "llms": [
-            {"name": "openai", "model": "gpt-test", "weight": weights[0], "options": {**opts, "base_url": srv.openai_url}},
-            {"name": "anthropic", "model": "claude-test", "weight": weights[1],
-             "options": {**opts, "base_url": srv.anthropic_url}},
-        ],
-        "ensemble": {"mode": mode, "keep": keep, "meta_every": 2},
-        "budget": budget,
-        "seed": 7,
-    })
+    return RunConfig.model_validate(
+        {
+            "llms": [
+                {
+                    "name": "openai",
+                    "model": "gpt-test",
+                    "weight": weights[0],
+                    "options": {**opts, "base_url": srv.openai_url},
+                },
+                {
+                    "name": "anthropic",
+                    "model": "claude-test",
+                    "weight": weights[1],
+                    "options": {**opts, "base_url": srv.anthropic_url},
+                },
+            ],
+            "ensemble": {"mode": mode, "keep": keep, "meta_every": 2},
+            "budget": budget,
+            "seed": 7,
+        }
+    )
 
 
 def request(n: int = 2, generation: int = 0, parent: Attempt | None = None) -> GenerationRequest:
     return GenerationRequest(
         problem=ProblemSummary(name="vadd", reference_source="class Model: ...", shapes={"N": 4096}),
-        language="opencl", device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
-        n=n, generation=generation, parent=parent, mode="improve" if parent else "create",
+        language="opencl",
+        device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
+        n=n,
+        generation=generation,
+        parent=parent,
+        mode="improve" if parent else "create",
     )
 
 
-def record(c: Candidate, outcome: Outcome = Outcome.correct, speedup: float | None = 1.0, message: str = "") -> EvalRecord:
-    return EvalRecord(candidate_hash=c.content_hash, eval_key=c.content_hash, problem="vadd", backend="opencl",
-                      device="pocl", outcome=outcome, speedup=speedup if outcome is Outcome.correct else None,
-                      message=message)
+def record(
+    c: Candidate, outcome: Outcome = Outcome.correct, speedup: float | None = 1.0, message: str = ""
+) -> EvalRecord:
+    return EvalRecord(
+        candidate_hash=c.content_hash,
+        eval_key=c.content_hash,
+        problem="vadd",
+        backend="opencl",
+        device="pocl",
+        outcome=outcome,
+        speedup=speedup if outcome is Outcome.correct else None,
+        message=message,
+    )
 
 
 def build(cfg: RunConfig, manager: PluginManager, tmp_path: Path, store: Store | None = None) -> Ensemble:
@@ -73,8 +99,9 @@ def test_vote_keeps_what_the_members_agree_on_and_stores_the_vote(
 ) -> None:
     kernels = [fenced(vecadd(b, w)) for b, w in ((32, 1), (64, 2))]
     server.openai.responder = script_responder(kernels, ranking="4 > 2 > 1 > 3")
-    server.anthropic.responder = script_responder([fenced(vecadd(128, 1)), fenced(vecadd(256, 4))],
-                                                  ranking="4 > 1 > 2 > 3")
+    server.anthropic.responder = script_responder(
+        [fenced(vecadd(128, 1)), fenced(vecadd(256, 4))], ranking="4 > 1 > 2 > 3"
+    )
     store = Store(tmp_path / "store.sqlite")
     ens = build(config(server), kf_plugin_manager, tmp_path, store)
     kept = ens.propose(request(n=4))  # each member proposes 2; the vote keeps 2 of the 4
@@ -97,10 +124,14 @@ def test_vote_with_parse_failures_returns_them_for_feedback(
     props = build(config(server, keep=1), kf_plugin_manager, tmp_path).propose(request(n=1))
     assert [p.candidate is not None for p in props] == [True, False]
     assert "no fenced code block" in (props[1].parse_error or "")
-    assert not any(r for r in server.requests if "# Rank" in str(r["body"]))  # one valid proposal: no vote needed
+    assert not any(
+        r for r in server.requests if "# Rank" in str(r["body"])
+    )  # one valid proposal: no vote needed
 
 
-def test_sample_mode_follows_weights(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:
+def test_sample_mode_follows_weights(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
     server.openai.responder = script_responder([fenced(vecadd(b, 1)) for b in range(1, 200)])
     server.anthropic.responder = script_responder([fenced(vecadd(b, 2)) for b in range(1, 200)])
     ens = build(config(server, mode="sample", weights=(4, 1)), kf_plugin_manager, tmp_path)
@@ -125,7 +156,9 @@ def test_bandit_prefers_the_member_with_more_gain_per_cost(
     assert picks[10:].count("anthropic:claude-test") > 2 * picks[10:].count("openai:gpt-test")
 
 
-def test_novelty_drops_a_reformatted_duplicate(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:
+def test_novelty_drops_a_reformatted_duplicate(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
     src = vecadd(64, 1)
     server.openai.responder = script_responder([fenced(src), fenced(src.replace("    ", "  ") + "# same\n")])
     cfg = config(server, mode="sample", weights=(1, 1e-9))
@@ -137,8 +170,12 @@ def test_novelty_drops_a_reformatted_duplicate(server: LLMServer, kf_plugin_mana
 def test_caps_stop_exactly_and_are_shared_by_members(
     server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
 ) -> None:
-    server.openai.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500)
-    server.anthropic.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 2)), tokens_in=3000, tokens_out=500)
+    server.openai.responder = lambda body: Reply(
+        fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500
+    )
+    server.anthropic.responder = lambda body: Reply(
+        fenced(vecadd(len(server.requests), 2)), tokens_in=3000, tokens_out=500
+    )
     ens = build(config(server, mode="sample", llm_tokens=12000), kf_plugin_manager, tmp_path)
     made = sum(len(ens.propose(request(n=1, generation=g))) for g in range(10))
     assert ens.stop_reason.startswith("LLM budget exhausted")
@@ -154,8 +191,10 @@ def test_caps_stop_exactly_and_are_shared_by_members(
 def test_meta_prompting_rewrites_a_section_that_later_prompts_use(
     server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
 ) -> None:
-    server.openai.responder = script_responder([fenced(vecadd(b, 1)) for b in range(1, 50)],
-                                               meta_text="Measure bytes per element before anything else.")
+    server.openai.responder = script_responder(
+        [fenced(vecadd(b, 1)) for b in range(1, 50)],
+        meta_text="Measure bytes per element before anything else.",
+    )
     server.anthropic.responder = script_responder([fenced(vecadd(b, 3)) for b in range(1, 50)])
     store = Store(tmp_path / "store.sqlite")
     ens = build(config(server, mode="sample"), kf_plugin_manager, tmp_path, store)
@@ -189,18 +228,24 @@ def test_recurring_errors_are_distilled_into_pitfalls(
     assert "Seen 3 times in this run (compile_error)" in prompt and "undeclared identifier" in prompt
 
 
-def test_lifecycle_hooks_feed_the_ensemble(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:
+def test_lifecycle_hooks_feed_the_ensemble(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
     server.openai.responder = script_responder([fenced(vecadd(16, 1))])
     ens = build_ensemble(config(server, mode="bandit"), manager=kf_plugin_manager, run_dir=tmp_path)
     [p] = ens.propose(request(n=1))
     hooks.candidate_evaluated(p.candidate, record(p.candidate, speedup=2.0), manager=kf_plugin_manager)
     assert ens.members[0].gain == pytest.approx(7.0)  # stage score 5 + speedup 2, over a parentless 0
-    summary = RunSummary(run_id="run1", run_dir=str(tmp_path), stop_reason="budget", generations=1, evaluations=1)
+    summary = RunSummary(
+        run_id="run1", run_dir=str(tmp_path), stop_reason="budget", generations=1, evaluations=1
+    )
     hooks.run_finished("run1", summary, manager=kf_plugin_manager)
     assert summary.extra["llm"]["calls"] == 1 and ens._observer_name is None
 
 
-def test_parent_fitness_is_the_bandit_baseline(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:
+def test_parent_fitness_is_the_bandit_baseline(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
     server.openai.responder = script_responder([fenced(vecadd(16, 2))])
     ens = build(config(server, mode="bandit"), kf_plugin_manager, tmp_path)
     parent_c = Candidate(source=vecadd(16, 1))
@@ -211,9 +256,15 @@ def test_parent_fitness_is_the_bandit_baseline(server: LLMServer, kf_plugin_mana
     assert ens.members[0].gain == pytest.approx(0.5)
 
 
-def test_proposals_paid_for_survive_the_cap(server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path) -> None:
-    server.openai.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500)
-    ens = build(config(server, mode="sample", weights=(1, 1e-9), llm_tokens=12000), kf_plugin_manager, tmp_path)
+def test_proposals_paid_for_survive_the_cap(
+    server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
+) -> None:
+    server.openai.responder = lambda body: Reply(
+        fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500
+    )
+    ens = build(
+        config(server, mode="sample", weights=(1, 1e-9), llm_tokens=12000), kf_plugin_manager, tmp_path
+    )
     props = ens.propose(request(n=5))
     assert len(props) == 3 and ens.exhausted  # the fourth call did not fit; the three made are kept
     assert ens.propose(request(n=1, generation=1)) == []
@@ -223,7 +274,9 @@ def test_proposals_paid_for_survive_the_cap(server: LLMServer, kf_plugin_manager
 def test_a_resumed_run_keeps_its_spend_numbering_and_prompts(
     server: LLMServer, kf_plugin_manager: PluginManager, tmp_path: Path
 ) -> None:
-    server.openai.responder = lambda body: Reply(fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500)
+    server.openai.responder = lambda body: Reply(
+        fenced(vecadd(len(server.requests), 1)), tokens_in=3000, tokens_out=500
+    )
     store = Store(tmp_path / "store.sqlite")
     cfg = config(server, mode="sample", weights=(1, 1e-9), llm_tokens=12000)
     first = build(cfg, kf_plugin_manager, tmp_path, store)
@@ -257,18 +310,27 @@ def test_offline_generator_votes_alongside_a_model(
     root = Path(__file__).parents[1]
     problem = load_problem(root / "examples/kernelbench/vector_add.py", {"N": 4096})
     server.openai.responder = script_responder([fenced(vecadd(64, 3))], ranking="1 > 2 > 3 > 4")
-    cfg = RunConfig.model_validate({
-        "llms": [
-            {"name": "openai", "model": "gpt-test",
-             "options": {"api_key_env": "KF_TEST_KEY", "base_url": server.openai_url, "timeout": 5.0}},
-            {"name": "offline"},
-        ],
-        "ensemble": {"mode": "vote", "keep": 2},
-    })
+    cfg = RunConfig.model_validate(
+        {
+            "llms": [
+                {
+                    "name": "openai",
+                    "model": "gpt-test",
+                    "options": {"api_key_env": "KF_TEST_KEY", "base_url": server.openai_url, "timeout": 5.0},
+                },
+                {"name": "offline"},
+            ],
+            "ensemble": {"mode": "vote", "keep": 2},
+        }
+    )
     store = Store(tmp_path / "store.sqlite")
     ens = build(cfg, kf_plugin_manager, tmp_path, store)
-    req = GenerationRequest(problem=problem.summary(), language="opencl",
-                            device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"), n=4)
+    req = GenerationRequest(
+        problem=problem.summary(),
+        language="opencl",
+        device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
+        n=4,
+    )
     kept = ens.propose(req)
     assert len(kept) == 2
     [vote] = store.query("SELECT * FROM llm_votes")

@@ -159,7 +159,9 @@ def _marker_paths() -> list[str]:
     home = os.path.expanduser("~")
     found: list[str] = []
     for base in ("/tmp", str(ROOT), home, str(ROOT / "tests"), str(ROOT / "tests" / "data")):
-        found += glob.glob(os.path.join(base, MARKER + "*")) + glob.glob(os.path.join(base, "." + MARKER + "*"))
+        found += glob.glob(os.path.join(base, MARKER + "*")) + glob.glob(
+            os.path.join(base, "." + MARKER + "*")
+        )
     return sorted(set(found))
 
 
@@ -226,7 +228,9 @@ def run() -> Iterator[Run]:
             groups.setdefault((entry.problem, entry.shapes), []).append(entry)
         for (problem_name, shapes), entries in groups.items():
             problem = load_problem(EXAMPLES / "kernelbench" / f"{problem_name}.py", dict(shapes))
-            config = fast_config(cache=False, timeout_s=20.0, correctness_budget_s=1.0)  # many trials: rare errors
+            config = fast_config(
+                cache=False, timeout_s=20.0, correctness_budget_s=1.0
+            )  # many trials: rare errors
             config.executor.options = {"workers": 2}
             # the problem's honest seed, timed in the same batch: what "no speed gained" is measured against
             control = EXAMPLES / "kernelbench" / "seeds" / f"{problem_name}_opencl.py"
@@ -329,4 +333,6 @@ def test_no_marker_file_outside_the_job(run: Run) -> None:
 
 
 def test_no_process_outlived_its_job(run: Run) -> None:
-    assert not run.processes, f"processes still running with {MARKER!r} in their command line: {run.processes}"
+    assert not run.processes, (
+        f"processes still running with {MARKER!r} in their command line: {run.processes}"
+    )

@@ -64,6 +64,7 @@ def test_the_most_a_candidate_can_hide_is_the_share_plus_capped_noise() -> None:
     """The bound, computed: hidden work of more than DEVICE_SHARE plus three capped standard errors is
     never confirmed; at 0.1 ms a call that is at most 1.5x, at 1 ms under 1.25x (the old margin, 25% +
     0.25 ms, let a 0.1 ms kernel read as free)."""
+
     def bound(ev: float) -> float:
         cap = max(clocking.DEVICE_NOISE_FLOOR_MS, clocking.DEVICE_NOISE_SHARE * ev)
         return ev * (1 + DEVICE_SHARE) + clocking.DEVICE_SIGMAS * cap
@@ -98,4 +99,6 @@ def test_a_delay_in_the_small_batches_does_not_hide_work_from_the_large_batch_cl
     # honest: both clocks agree with the events
     judge = _Judge()
     honest = _noisy(0.134, 0.0005, 200, 12)
-    assert _device_or_judge(judge, honest, _noisy(0.135, 0.002, 12, 13), _noisy(0.133, 0.002, 12, 14)) is honest  # type: ignore[arg-type]
+    assert (
+        _device_or_judge(judge, honest, _noisy(0.135, 0.002, 12, 13), _noisy(0.133, 0.002, 12, 14)) is honest
+    )  # type: ignore[arg-type]

@@ -89,7 +89,9 @@ def test_sandbox_server_restarts_after_dying() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'kfoundry[ray]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'kfoundry[ray]')"
+)
 def test_ray_executor_runs_sandboxed_jobs_on_a_local_cluster() -> None:
     import ray
 
@@ -102,8 +104,14 @@ def test_ray_executor_runs_sandboxed_jobs_on_a_local_cluster() -> None:
         EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py",
     ]
     jobs = [
-        EvalJob(problem_path=problem, shapes={"N": 512}, candidate=Candidate(source=p.read_text()),
-                evaluation=config.evaluation, seeds=[1, 2], backend_plugin="opencl")
+        EvalJob(
+            problem_path=problem,
+            shapes={"N": 512},
+            candidate=Candidate(source=p.read_text()),
+            evaluation=config.evaluation,
+            seeds=[1, 2],
+            backend_plugin="opencl",
+        )
         for p in sources
     ]
     try:
@@ -112,7 +120,12 @@ def test_ray_executor_runs_sandboxed_jobs_on_a_local_cluster() -> None:
         executor.close()
     finally:
         ray.shutdown()
-    assert [r.outcome for r in results] == [Outcome.correct, Outcome.runtime_error, Outcome.mismatch, Outcome.correct]
+    assert [r.outcome for r in results] == [
+        Outcome.correct,
+        Outcome.runtime_error,
+        Outcome.mismatch,
+        Outcome.correct,
+    ]
     assert "worker crashed" in results[1].message
     assert results[0].timing is not None and results[3].timing is not None
 
@@ -136,8 +149,13 @@ def test_local_executor_yields_results_as_they_finish() -> None:
     problem = str(EXAMPLES / "kernelbench" / "vector_add.py")
     slow, fast = EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py", BAD / "compile_error.py"
     jobs = [
-        EvalJob(problem_path=problem, shapes={"N": 512}, candidate=Candidate(source=p.read_text()),
-                evaluation=config.evaluation, backend_plugin="opencl")
+        EvalJob(
+            problem_path=problem,
+            shapes={"N": 512},
+            candidate=Candidate(source=p.read_text()),
+            evaluation=config.evaluation,
+            backend_plugin="opencl",
+        )
         for p in (slow, fast)
     ]
     order = [(i, r.outcome) for i, r in LocalExecutor(LocalOptions(workers=2)).run_iter(jobs)]
@@ -159,7 +177,9 @@ def test_a_batch_stopped_by_its_caller_starts_no_more_jobs(monkeypatch: pytest.M
 
     monkeypatch.setattr(local, "run_sandboxed", counted)
     seed = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
-    candidates = [Candidate(source=seed.replace("BLOCK = PARAMS", f"X_{i} = {i}\nBLOCK = PARAMS")) for i in range(3)]
+    candidates = [
+        Candidate(source=seed.replace("BLOCK = PARAMS", f"X_{i} = {i}\nBLOCK = PARAMS")) for i in range(3)
+    ]
     problem = load_problem(EXAMPLES / "kernelbench" / "vector_add.py", {"N": 256})
 
     class Enough(Exception):
@@ -168,6 +188,9 @@ def test_a_batch_stopped_by_its_caller_starts_no_more_jobs(monkeypatch: pytest.M
     def stop(i: int, record: object) -> None:
         raise Enough
 
-    with Evaluator(problem, fast_config(tmp_path, trials=1), executor=LocalExecutor()) as ev, pytest.raises(Enough):
+    with (
+        Evaluator(problem, fast_config(tmp_path, trials=1), executor=LocalExecutor()) as ev,
+        pytest.raises(Enough),
+    ):
         ev.evaluate_many(candidates, on_record=stop)
     assert started == ["reference", "evaluate"]  # the other two candidates never started

@@ -31,12 +31,18 @@ def test_each_concurrent_job_gets_its_share_of_the_cores(monkeypatch: pytest.Mon
     list(LocalExecutor(LocalOptions(workers=1)).run_iter(jobs))  # one at a time: all the cores
     assert seen == [None] * 4
     seen.clear()
-    list(LocalExecutor(LocalOptions(workers=16)).run_iter([j.model_copy(update={"threads": 3}) for j in jobs]))
+    list(
+        LocalExecutor(LocalOptions(workers=16)).run_iter([j.model_copy(update={"threads": 3}) for j in jobs])
+    )
     assert seen == [3] * 4  # a job's own setting stays
 
 
 def test_the_runner_caps_torch_and_pocl_threads() -> None:
-    code = ("import os, torch; from kfoundry.core.evaluation.runner_calls import cap_threads; cap_threads(1); "
-            "print(torch.get_num_threads(), os.environ['POCL_MAX_PTHREAD_COUNT'])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import os, torch; from kfoundry.core.evaluation.runner_calls import cap_threads; cap_threads(1); "
+        "print(torch.get_num_threads(), os.environ['POCL_MAX_PTHREAD_COUNT'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.split() == ["1", "1"]

@@ -22,8 +22,9 @@ def _verdict(out: torch.Tensor, ref: torch.Tensor, atol: float | None = None, rt
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 23])
-def test_chunked_comparison_agrees_with_allclose_and_finds_the_worst_element(monkeypatch: pytest.MonkeyPatch,
-                                                                            chunk: int) -> None:
+def test_chunked_comparison_agrees_with_allclose_and_finds_the_worst_element(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
     monkeypatch.setattr(verifier, "COMPARE_CHUNK", chunk)
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(1000, generator=gen)
@@ -87,8 +88,9 @@ def test_a_job_runs_with_tf32_off_so_fp32_means_fp32() -> None:
     torch.backends.cudnn.allow_tf32 = True  # torch's own default for convolutions
     torch.set_float32_matmul_precision("high")
     try:
-        job = EvalJob(kind="reference", problem_path=str(ROOT / "examples/kernelbench/vector_add.py"),
-                      shapes={"N": 256})
+        job = EvalJob(
+            kind="reference", problem_path=str(ROOT / "examples/kernelbench/vector_add.py"), shapes={"N": 256}
+        )
         job.evaluation.warmup_s, job.evaluation.min_repeats, job.evaluation.max_repeats = 0.0, 3, 3
         assert execute(job).outcome is Outcome.correct
         assert torch.backends.cudnn.allow_tf32 is False

@@ -17,7 +17,7 @@ from kfoundry.core.models import DeviceProfile
 
 ROOT = Path(__file__).parents[1]
 
-SCALE_ADD = '''
+SCALE_ADD = """
 import torch
 import torch.nn as nn
 
@@ -39,13 +39,14 @@ def get_inputs():
 
 def get_init_inputs():
     return [1.5]
-'''
+"""
 
 
 @pytest.mark.slow
 def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path) -> None:
     request = GenerationRequest(
-        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="opencl",
+        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD),
+        language="opencl",
         device=DeviceProfile(backend="opencl", name="pocl", device_type="cpu"),
     )
     text = PromptBuilder().generation(request).user
@@ -56,10 +57,22 @@ def test_opencl_prompt_example_is_a_correct_candidate(tmp_path: Path) -> None:
     (tmp_path / "scale_add.py").write_text(SCALE_ADD)
     (tmp_path / "candidate.py").write_text(example)
     code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = ["eval", str(tmp_path / "scale_add.py"), str(tmp_path / "candidate.py"),
-            "--set", f"output_dir={tmp_path}", "--set", "evaluation.trials=2", "--set", "evaluation.target_time_s=0.02",
-            "--params", "BLOCK=64"]  # a tuned value, read through the harness's PARAMS
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    args = [
+        "eval",
+        str(tmp_path / "scale_add.py"),
+        str(tmp_path / "candidate.py"),
+        "--set",
+        f"output_dir={tmp_path}",
+        "--set",
+        "evaluation.trials=2",
+        "--set",
+        "evaluation.target_time_s=0.02",
+        "--params",
+        "BLOCK=64",
+    ]  # a tuned value, read through the harness's PARAMS
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "correct" in done.stdout
 
@@ -73,7 +86,8 @@ def test_cuda_prompt_example_kernel_compiles_for_hopper() -> None:
     if not backend.capabilities().can_compile:
         pytest.skip(backend.capabilities().reason)
     request = GenerationRequest(
-        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="cuda",
+        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD),
+        language="cuda",
         device=DeviceProfile(backend="cuda", name="NVIDIA H200", compute_capability="9.0", warp_size=32),
     )
     [example] = [b for _, b in code_blocks(PromptBuilder().generation(request).user) if "class ModelNew" in b]
@@ -91,16 +105,31 @@ def test_sycl_prompt_example_is_a_correct_candidate(tmp_path: Path) -> None:
     if not caps.can_run:
         pytest.skip(caps.reason)
     request = GenerationRequest(
-        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD), language="sycl",
+        problem=ProblemSummary(name="scale_add", reference_source=SCALE_ADD),
+        language="sycl",
         device=DeviceProfile(backend="sycl", name="Intel OpenCL CPU", device_type="cpu"),
     )
     [example] = [b for _, b in code_blocks(PromptBuilder().generation(request).user) if "class ModelNew" in b]
     (tmp_path / "scale_add.py").write_text(SCALE_ADD)
     (tmp_path / "candidate_sycl.py").write_text(example)
     code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = ["eval", str(tmp_path / "scale_add.py"), str(tmp_path / "candidate_sycl.py"), "--backend", "sycl",
-            "--set", f"output_dir={tmp_path}", "--set", "evaluation.trials=2", "--set", "evaluation.target_time_s=0.02",
-            "--params", "BLOCK=128"]
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    args = [
+        "eval",
+        str(tmp_path / "scale_add.py"),
+        str(tmp_path / "candidate_sycl.py"),
+        "--backend",
+        "sycl",
+        "--set",
+        f"output_dir={tmp_path}",
+        "--set",
+        "evaluation.trials=2",
+        "--set",
+        "evaluation.target_time_s=0.02",
+        "--params",
+        "BLOCK=128",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "correct" in done.stdout

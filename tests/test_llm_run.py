@@ -30,8 +30,15 @@ def run_config(tmp: Path, llms: list[dict[str, Any]], out: str) -> Path:
         "ensemble": {"mode": "vote", "keep": 2, "meta_every": 2},
         "tuner": {"every": -1},
         "budget": {"generations": 8, "proposals_per_generation": 2, "llm_tokens": CAP},
-        "evaluation": {"trials": 2, "warmup_s": 0.0, "min_repeats": 3, "max_repeats": 5, "target_time_s": 0.02,
-                       "rotate_bytes": 0, "timeout_s": 60},
+        "evaluation": {
+            "trials": 2,
+            "warmup_s": 0.0,
+            "min_repeats": 3,
+            "max_repeats": 5,
+            "target_time_s": 0.02,
+            "rotate_bytes": 0,
+            "timeout_s": 60,
+        },
     }
     path = tmp / f"{out}.toml"
     path.write_bytes(tomli_w.dumps(cfg).encode())
@@ -42,8 +49,9 @@ def kf_run(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str
     """``kf-run vector_add.py --config CONFIG --shape N=4096`` in a fresh process."""
     code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
     args = [str(ROOT / "examples/kernelbench/vector_add.py"), "--config", str(config), "--shape", "N=4096"]
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT
+    )
 
 
 def db(run_root: Path) -> sqlite3.Connection:
@@ -54,18 +62,28 @@ def db(run_root: Path) -> sqlite3.Connection:
 
 
 def proposals(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
-    return [tuple(r) for r in conn.execute(
-        "SELECT generation, idx, generator, candidate_hash, parse_error, json_extract(record, '$.outcome'), "
-        "json_extract(record, '$.speedup'), json_extract(candidate, '$.prompt_id') "
-        "FROM loop_proposals ORDER BY generation, idx")]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            "SELECT generation, idx, generator, candidate_hash, parse_error, json_extract(record, '$.outcome'), "
+            "json_extract(record, '$.speedup'), json_extract(candidate, '$.prompt_id') "
+            "FROM loop_proposals ORDER BY generation, idx"
+        )
+    ]
 
 
 def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_path: Path) -> None:
     env = {**os.environ, "KF_E2E_KEY": KEY, "PYTHONPATH": str(ROOT)}
     # one call at a time: the order of calls around the cap, and so the replay's, is then exact
     # (concurrent calls keep the cap too: tests/test_concurrency_llm.py)
-    common = {"api_key_env": "KF_E2E_KEY", "max_retries": 3, "timeout": 3.0, "max_tokens": 2000, "concurrency": 1,
-              "price": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}}
+    common = {
+        "api_key_env": "KF_E2E_KEY",
+        "max_retries": 3,
+        "timeout": 3.0,
+        "max_tokens": 2000,
+        "concurrency": 1,
+        "price": {"input_per_mtok": 1.0, "output_per_mtok": 4.0},
+    }
     with LLMServer(key=KEY) as srv:
         srv.openai.responder = evolving_responder(0)
         srv.anthropic.responder = evolving_responder(1)
@@ -73,7 +91,11 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
         srv.anthropic.push(Status(529), Status(500))
         llms = [
             {"name": "openai", "model": "gpt-e2e", "options": {**common, "base_url": srv.openai_url}},
-            {"name": "anthropic", "model": "claude-e2e", "options": {**common, "base_url": srv.anthropic_url}},
+            {
+                "name": "anthropic",
+                "model": "claude-e2e",
+                "options": {**common, "base_url": srv.anthropic_url},
+            },
         ]
         done = kf_run(run_config(tmp_path, llms, "live"), env)
         requests = len(srv.requests)
@@ -120,25 +142,48 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
 
     # replay: `kf-run replay RUN_DIR` serves every model reply from the recording, with no server and no key
     code = "import sys; from kfoundry.core.cli import main; sys.exit(main(sys.argv[1:]))"
-    again = subprocess.run([sys.executable, "-c", code, "replay", str(run_dir)], env={**env, "KF_E2E_KEY": ""},
-                           capture_output=True, text=True, timeout=900, cwd=ROOT)
+    again = subprocess.run(
+        [sys.executable, "-c", code, "replay", str(run_dir)],
+        env={**env, "KF_E2E_KEY": ""},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "recorded evaluations reused" in again.stdout
     [replay_dir] = [d for d in (tmp_path / "live").iterdir() if d != run_dir]
     conn2 = sqlite3.connect(replay_dir / "kfoundry.db")
     conn2.row_factory = sqlite3.Row
     assert proposals(conn2) == rows
-    calls2 = conn2.execute("SELECT member, kind, request_key, response, tokens_in, tokens_out, cost_usd, error_kind "
-                           "FROM llm_calls ORDER BY seq").fetchall()
+    calls2 = conn2.execute(
+        "SELECT member, kind, request_key, response, tokens_in, tokens_out, cost_usd, error_kind "
+        "FROM llm_calls ORDER BY seq"
+    ).fetchall()
     assert [tuple(c) for c in calls2] == [
-        (c["member"], c["kind"], c["request_key"], c["response"], c["tokens_in"], c["tokens_out"], c["cost_usd"],
-         c["error_kind"]) for c in calls
+        (
+            c["member"],
+            c["kind"],
+            c["request_key"],
+            c["response"],
+            c["tokens_in"],
+            c["tokens_out"],
+            c["cost_usd"],
+            c["error_kind"],
+        )
+        for c in calls
     ]
     json.loads((run_dir / "run.json").read_text())  # the live run folder stays intact
 
     # kf-run llm-calls lists the calls with their spend, and shows one call's prompt and reply
-    listing = subprocess.run([sys.executable, "-c", code, "llm-calls", str(run_dir)], capture_output=True, text=True,
-                             timeout=300, cwd=ROOT, env={**env, "COLUMNS": "160"})
+    listing = subprocess.run(
+        [sys.executable, "-c", code, "llm-calls", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**env, "COLUMNS": "160"},
+    )
     assert listing.returncode == 0 and f"{len(calls)} language-model calls" in listing.stdout
     assert "openai:gpt-e2e" in listing.stdout and "budget" in listing.stdout
 
@@ -146,9 +191,16 @@ def test_vote_ensemble_run_records_everything_stops_at_the_cap_and_replays(tmp_p
 def test_a_rejected_key_ends_the_run_in_one_line_without_the_key(tmp_path: Path) -> None:
     wrong = "sk-wrong-9f8e7d6c5b4a"
     with LLMServer(key=KEY) as srv:
-        llms = [{"name": "openai", "model": "gpt-e2e",
-                 "options": {"api_key_env": "KF_E2E_KEY", "base_url": srv.openai_url, "max_retries": 3}}]
-        done = kf_run(run_config(tmp_path, llms, "denied"), {**os.environ, "KF_E2E_KEY": wrong, "PYTHONPATH": str(ROOT)})
+        llms = [
+            {
+                "name": "openai",
+                "model": "gpt-e2e",
+                "options": {"api_key_env": "KF_E2E_KEY", "base_url": srv.openai_url, "max_retries": 3},
+            }
+        ]
+        done = kf_run(
+            run_config(tmp_path, llms, "denied"), {**os.environ, "KF_E2E_KEY": wrong, "PYTHONPATH": str(ROOT)}
+        )
         assert len(srv.requests) == 1  # a 401 is not retried
     assert done.returncode == 2
     lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]

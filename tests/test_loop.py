@@ -39,8 +39,13 @@ def get_init_inputs():
 """
 
 FAST_EVAL = [
-    "evaluation.trials=2", "evaluation.target_time_s=0.02", "evaluation.warmup_s=0.0", "evaluation.min_repeats=3",
-    "evaluation.max_repeats=10", "evaluation.rotate_bytes=0", "evaluation.timeout_s=60",
+    "evaluation.trials=2",
+    "evaluation.target_time_s=0.02",
+    "evaluation.warmup_s=0.0",
+    "evaluation.min_repeats=3",
+    "evaluation.max_repeats=10",
+    "evaluation.rotate_bytes=0",
+    "evaluation.timeout_s=60",
 ]
 
 
@@ -48,8 +53,14 @@ def test_loop_runs_end_to_end(kf_config, kf_problem, tmp_path: Path) -> None:
     from rich.console import Console
 
     path = kf_problem(textwrap.dedent(MATMUL), name="tiny_matmul")
-    config = kf_config({}, "budget.generations=2", "budget.proposals_per_generation=2", "tuner.every=-1",
-                       "search.options.islands=2", *FAST_EVAL)
+    config = kf_config(
+        {},
+        "budget.generations=2",
+        "budget.proposals_per_generation=2",
+        "tuner.every=-1",
+        "search.options.islands=2",
+        *FAST_EVAL,
+    )
     run_id, run_dir = new_run_dir(config, "tiny_matmul")
     write_run_file(run_dir, run_id, path, {}, config, None)
     console = Console(record=True, width=160)
@@ -71,7 +82,8 @@ def test_loop_runs_end_to_end(kf_config, kf_problem, tmp_path: Path) -> None:
 
 
 def test_unsupported_problem_is_one_line(kf_problem, tmp_path: Path) -> None:
-    path = kf_problem(textwrap.dedent("""
+    path = kf_problem(
+        textwrap.dedent("""
         import torch
         import torch.nn as nn
         class Model(nn.Module):
@@ -79,9 +91,12 @@ def test_unsupported_problem_is_one_line(kf_problem, tmp_path: Path) -> None:
                 return torch.sort(x, dim=0)[0]
         def get_inputs(): return [torch.rand(64)]
         def get_init_inputs(): return []
-    """), name="sort")
-    proc = subprocess.run(["kf-run", str(path), "--set", f"output_dir={tmp_path}"], capture_output=True,
-                          text=True, timeout=300)
+    """),
+        name="sort",
+    )
+    proc = subprocess.run(
+        ["kf-run", str(path), "--set", f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning:")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "not a known operation family" in lines[0]
@@ -105,8 +120,13 @@ def _evaluated(db_path: Path) -> list[tuple[int, int, str]]:
 def test_kill_9_then_resume_loses_and_repeats_nothing(kf_problem, tmp_path: Path) -> None:
     path = kf_problem(textwrap.dedent(MATMUL), name="kill_matmul")
     out = tmp_path / "runs"
-    sets = [f"output_dir={out}", "budget.generations=3", "budget.proposals_per_generation=3", "tuner.every=-1",
-            *FAST_EVAL]
+    sets = [
+        f"output_dir={out}",
+        "budget.generations=3",
+        "budget.proposals_per_generation=3",
+        "tuner.every=-1",
+        *FAST_EVAL,
+    ]
     args = ["kf-run", str(path)] + [x for s in sets for x in ("--set", s)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -135,10 +155,17 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(kf_problem, tmp_path: Path
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     planned = db.execute("SELECT COUNT(*) FROM loop_proposals WHERE run_id=?", (run_id,)).fetchone()[0]
     assert len(after) == planned and {g for g, _, _ in after} == {0, 1, 2}
-    distinct = db.execute("SELECT COUNT(DISTINCT candidate_hash) FROM loop_proposals WHERE run_id=?", (run_id,)).fetchone()[0]
+    distinct = db.execute(
+        "SELECT COUNT(DISTINCT candidate_hash) FROM loop_proposals WHERE run_id=?", (run_id,)
+    ).fetchone()[0]
     stored = db.execute("SELECT COUNT(*) FROM evaluations WHERE run_id=?", (run_id,)).fetchone()[0]
     assert stored <= distinct + 1  # at most the evaluation in flight at the kill ran twice
-    assert json.loads(db.execute("SELECT data FROM loop_state WHERE run_id=?", (run_id,)).fetchone()[0])["status"] == "finished"
+    assert (
+        json.loads(db.execute("SELECT data FROM loop_state WHERE run_id=?", (run_id,)).fetchone()[0])[
+            "status"
+        ]
+        == "finished"
+    )
     assert "best kernel:" in resumed.stdout
 
 
@@ -148,8 +175,15 @@ def test_loop_budget_on_evaluations_is_exact(kf_config, kf_problem) -> None:
     from kfoundry.core.store import Store
 
     path = kf_problem(textwrap.dedent(MATMUL), name="budget_matmul")
-    config = kf_config({}, "budget.generations=5", "budget.proposals_per_generation=3", "budget.evaluations=4",
-                       "tuner.every=-1", "search.name=ga", *FAST_EVAL)
+    config = kf_config(
+        {},
+        "budget.generations=5",
+        "budget.proposals_per_generation=3",
+        "budget.evaluations=4",
+        "tuner.every=-1",
+        "search.name=ga",
+        *FAST_EVAL,
+    )
     run_id, run_dir = new_run_dir(config, "budget_matmul")
     problem = load_problem(path, {})
     store = Store(run_dir / "kfoundry.db")
@@ -175,8 +209,15 @@ def test_wall_time_budget_stops_before_the_next_evaluation(kf_config, kf_problem
     problem = load_problem(path, {})
     store = Store(run_dir / "kfoundry.db")
     ticks = iter(range(0, 10_000, 4))  # every clock read advances 4 "seconds"
-    loop = OptimizeLoop(config, problem, Evaluator(problem, config, store, run_id), store, run_id, run_dir,
-                        clock=lambda: float(next(ticks)))
+    loop = OptimizeLoop(
+        config,
+        problem,
+        Evaluator(problem, config, store, run_id),
+        store,
+        run_id,
+        run_dir,
+        clock=lambda: float(next(ticks)),
+    )
     summary = loop.run()
     assert "wall time budget" in summary.stop_reason
     assert 1 <= summary.evaluations <= 2
@@ -188,13 +229,27 @@ def test_tuning_stage_runs_inside_the_loop(kf_config, kf_problem) -> None:
     from kfoundry.core.store import Store
 
     path = kf_problem(textwrap.dedent(MATMUL), name="tune_matmul")
-    config = kf_config({}, "budget.generations=1", "tuner.every=1", "tuner.name=random", "tuner.evaluations=3",
-                       "tuner.elites=1", *FAST_EVAL)
+    config = kf_config(
+        {},
+        "budget.generations=1",
+        "tuner.every=1",
+        "tuner.name=random",
+        "tuner.evaluations=3",
+        "tuner.elites=1",
+        *FAST_EVAL,
+    )
     run_id, run_dir = new_run_dir(config, "tune_matmul")
     problem = load_problem(path, {})
     store = Store(run_dir / "kfoundry.db")
-    loop = OptimizeLoop(config, problem, Evaluator(problem, config, store, run_id), store, run_id, run_dir,
-                        initial_proposals=3)
+    loop = OptimizeLoop(
+        config,
+        problem,
+        Evaluator(problem, config, store, run_id),
+        store,
+        run_id,
+        run_dir,
+        initial_proposals=3,
+    )
     summary = loop.run()
     tuned = store.query("SELECT generation, result FROM loop_tuning WHERE run_id=?", (run_id,))
     assert [r["generation"] for r in tuned] == [0]  # after generation 0, not again at the end

@@ -73,7 +73,11 @@ def test_closed_file_and_kernel_tuner_agree(kt_file: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("not json", "not a Kernel Tuner cache file"), ('{"cache": {}}', "no 'tune_params_keys'"), ("[1]", "not a Kernel Tuner cache file")],
+    [
+        ("not json", "not a Kernel Tuner cache file"),
+        ('{"cache": {}}', "no 'tune_params_keys'"),
+        ("[1]", "not a Kernel Tuner cache file"),
+    ],
 )
 def test_malformed_cache_file_is_a_one_line_error(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.json"
@@ -115,8 +119,10 @@ def test_t4_export_follows_the_schema(kt_file: Path, tmp_path: Path) -> None:
     first = data["results"][0]
     assert set(first["configuration"]) == {"block_size_x", "tile"}
     assert first["invalidity"] == "correct" and first["measurements"][0]["name"] == "time"
-    bad = t4_results([trace.trials[0].__class__(0, {"block_size_x": 64, "tile": 1}, Measurement(None, "runtime"), 0.0)],
-                     rec.tune_params)
+    bad = t4_results(
+        [trace.trials[0].__class__(0, {"block_size_x": 64, "tile": 1}, Measurement(None, "runtime"), 0.0)],
+        rec.tune_params,
+    )
     assert bad["results"][0]["invalidity"] == "runtime" and bad["results"][0]["measurements"] == []
     jsonschema = pytest.importorskip("jsonschema")
     file_utils = pytest.importorskip("kernel_tuner.file_utils")
@@ -154,7 +160,20 @@ def test_bundled_recorded_spaces_are_real_and_large() -> None:
 def test_cli_replay_and_t4(kt_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     t4 = tmp_path / "out" / "t4.json"
     with pytest.raises(SystemExit) as info:
-        main(["tune", "--replay", str(kt_file), "--tuner", "bayesian", "--evaluations", "4", "--t4", str(t4), "--json"])
+        main(
+            [
+                "tune",
+                "--replay",
+                str(kt_file),
+                "--tuner",
+                "bayesian",
+                "--evaluations",
+                "4",
+                "--t4",
+                str(t4),
+                "--json",
+            ]
+        )
     assert info.value.code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["evaluations"] == 4 and result["best_time_ms"] == 0.3  # all four valid configs seen
@@ -166,7 +185,7 @@ def test_cli_replay_and_t4(kt_file: Path, tmp_path: Path, capsys: pytest.Capture
     [
         (["tune", "--replay", "missing.json"], "recorded space not found"),
         (["tune", "--replay", "{kt}", "--tuner", "nope"], "unknown tuner plugin 'nope'"),
-        (["tune", "--replay", "{kt}", "--set", "tuner.options.engine=\"svm\""], "tuner.options.engine"),
+        (["tune", "--replay", "{kt}", "--set", 'tuner.options.engine="svm"'], "tuner.options.engine"),
         (["tune", "examples/kernelbench/matmul.py"], "needs PROBLEM and CANDIDATE"),
     ],
 )

@@ -445,7 +445,9 @@ def test_torch_numpy_and_an_opencl_kernel_run_confined() -> None:
     """In a fresh interpreter (an OpenCL runtime this test process already initialised would keep its
     host cache path): torch, numpy and a real PoCL kernel build and run confined."""
     pytest.importorskip("pyopencl")
-    done = subprocess.run([sys.executable, "-c", _OPENCL_CONFINED], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _OPENCL_CONFINED], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     if not (answer["in_force"].get("filesystem") and answer["in_force"].get("unprivileged")):

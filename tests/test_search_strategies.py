@@ -17,15 +17,31 @@ def cand(label: str, **params: int) -> Candidate:
 
 
 def rec(outcome: Outcome = Outcome.correct, speedup: float | None = 1.0, ms: float = 1.0) -> EvalRecord:
-    timing = TimingStats(median_ms=ms, iqr_ms=0.0, ci95_low_ms=ms, ci95_high_ms=ms, mean_ms=ms, min_ms=ms, n=5)
-    return EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d", outcome=outcome,
-                      speedup=speedup if outcome is Outcome.correct else None,
-                      timing=timing if outcome is Outcome.correct else None)
+    timing = TimingStats(
+        median_ms=ms, iqr_ms=0.0, ci95_low_ms=ms, ci95_high_ms=ms, mean_ms=ms, min_ms=ms, n=5
+    )
+    return EvalRecord(
+        candidate_hash="h",
+        eval_key="k",
+        problem="p",
+        backend="opencl",
+        device="d",
+        outcome=outcome,
+        speedup=speedup if outcome is Outcome.correct else None,
+        timing=timing if outcome is Outcome.correct else None,
+    )
 
 
-def result(label: str, coords: tuple[int, ...], speedup: float = 1.0, outcome: Outcome = Outcome.correct,
-           island: int = 0) -> SearchResult:
-    return SearchResult(ask=SearchAsk(island=island), candidate=cand(label), record=rec(outcome, speedup), coords=coords)
+def result(
+    label: str,
+    coords: tuple[int, ...],
+    speedup: float = 1.0,
+    outcome: Outcome = Outcome.correct,
+    island: int = 0,
+) -> SearchResult:
+    return SearchResult(
+        ask=SearchAsk(island=island), candidate=cand(label), record=rec(outcome, speedup), coords=coords
+    )
 
 
 def test_archive_keeps_the_fittest_per_cell_and_failures_until_beaten() -> None:
@@ -52,7 +68,12 @@ def test_map_elites_first_asks_create_then_improves_and_repairs() -> None:
     first = me.ask(4)
     assert all(a.mode == "create" and a.target_cell is not None for a in first)
     assert [a.island for a in first] == [0, 1, 0, 1]
-    me.tell([result("good", (1, 1, 0), 2.0, island=0), result("bad", (0, 0, 0), outcome=Outcome.compile_error, island=1)])
+    me.tell(
+        [
+            result("good", (1, 1, 0), 2.0, island=0),
+            result("bad", (0, 0, 0), outcome=Outcome.compile_error, island=1),
+        ]
+    )
     asks = me.ask(4)
     assert all(a.parent is not None for a in asks)
     island0 = [a for a in asks if a.island == 0]
@@ -94,11 +115,19 @@ def test_ga_tournament_crossover_and_elitism() -> None:
     ga = GeneticAlgorithm(GAOptions(population=3, tournament=2, crossover_rate=1.0, elitism=1))
     ga.setup((4, 4, 4), seed=0)
     assert [a.mode for a in ga.ask(2)] == ["create", "create"]
-    ga.tell([result("a", (0, 0, 0), 1.0), result("b", (1, 0, 0), 3.0), result("c", (2, 0, 0), 2.0),
-             result("d", (3, 0, 0), 0.5)])
+    ga.tell(
+        [
+            result("a", (0, 0, 0), 1.0),
+            result("b", (1, 0, 0), 3.0),
+            result("c", (2, 0, 0), 2.0),
+            result("d", (3, 0, 0), 0.5),
+        ]
+    )
     assert [p.candidate.label for p in ga.population] == ["b", "c", "a"]
     asks = ga.ask(6)
-    assert all(a.extra.get("crossover") and a.inspirations and a.inspirations[0] is not a.parent for a in asks)
+    assert all(
+        a.extra.get("crossover") and a.inspirations and a.inspirations[0] is not a.parent for a in asks
+    )
     ga.tell([result("e", (0, 1, 0), 0.1)])
     assert ga.population[0].candidate.label == "b"  # the elite survives
     restored = GeneticAlgorithm(GAOptions(population=3, tournament=2, crossover_rate=1.0, elitism=1))

@@ -38,14 +38,21 @@ VARIANTS: dict[str, dict[str, dict[str, int]]] = {
 
 
 def _summary(name: str, shapes: dict[str, int]) -> ProblemSummary:
-    return ProblemSummary(name=name, reference_source=(KB / f"{name}.py").read_text(), shapes=shapes,
-                          path=str(KB / f"{name}.py"))
+    return ProblemSummary(
+        name=name,
+        reference_source=(KB / f"{name}.py").read_text(),
+        shapes=shapes,
+        path=str(KB / f"{name}.py"),
+    )
 
 
 def _candidates(name: str) -> list[Candidate]:
     """The seed (and improved) kernels, and the offline recipes of the two highest ranks (at their defaults)."""
-    out = [Candidate(source=p.read_text(), label=p.name)
-           for p in (KB / "seeds" / f"{name}_opencl.py", KB / "improved" / f"{name}_opencl.py") if p.exists()]
+    out = [
+        Candidate(source=p.read_text(), label=p.name)
+        for p in (KB / "seeds" / f"{name}_opencl.py", KB / "improved" / f"{name}_opencl.py")
+        if p.exists()
+    ]
     recipes = OfflineGenerator().recipes(_summary(name, SMALL_SHAPES[name]), "opencl")
     ranks = sorted({r.rank for r in recipes})[-2:]
     return out + [r.candidate() for r in recipes if r.rank in ranks]
@@ -56,25 +63,37 @@ DEFAULT_SHAPE_GENERIC = {"vector_add", "matmul"}
 
 
 @pytest.mark.parametrize(
-    "name", [n if n in DEFAULT_SHAPE_GENERIC else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SMALL_SHAPES)]
+    "name",
+    [
+        n if n in DEFAULT_SHAPE_GENERIC else pytest.param(n, marks=pytest.mark.slow)
+        for n in sorted(SMALL_SHAPES)
+    ],
 )
 def test_seeds_and_recipes_are_correct_at_tiny_and_ragged_shapes(name: str, tmp_path: Path) -> None:
     candidates = _candidates(name)
     for variant, sizes in [("default", {}), *VARIANTS[name].items()]:
         problem = load_problem(KB / f"{name}.py", {**SMALL_SHAPES[name], **sizes})
-        config = fast_config(tmp_path, cache=False, trials=2, max_repeats=3, target_time_s=0.001, shape_variants=0)
+        config = fast_config(
+            tmp_path, cache=False, trials=2, max_repeats=3, target_time_s=0.001, shape_variants=0
+        )
         config.executor.options["workers"] = WORKERS
         with Evaluator(problem, config) as evaluator:
             records = evaluator.evaluate_many(candidates)
         for cand, rec in zip(candidates, records, strict=True):
-            assert rec.outcome is Outcome.correct, f"{name} {variant} {cand.label}: {rec.message}\n{rec.log[-1500:]}"
+            assert rec.outcome is Outcome.correct, (
+                f"{name} {variant} {cand.label}: {rec.message}\n{rec.log[-1500:]}"
+            )
 
 
 #: Distinct sizes no template parameter uses: a generated source that bakes a size in contains one.
 ODD_SHAPES: dict[str, dict[str, int]] = {
-    "vector_add": {"N": 1237}, "gelu": {"N": 1237}, "softmax": {"batch_size": 37, "dim": 211},
-    "layer_norm": {"batch_size": 37, "features": 211}, "rms_norm": {"batch_size": 37, "features": 211},
-    "matmul": {"M": 37, "K": 53, "N": 71}, "sum_reduction": {"batch_size": 3, "dim1": 37, "dim2": 53},
+    "vector_add": {"N": 1237},
+    "gelu": {"N": 1237},
+    "softmax": {"batch_size": 37, "dim": 211},
+    "layer_norm": {"batch_size": 37, "features": 211},
+    "rms_norm": {"batch_size": 37, "features": 211},
+    "matmul": {"M": 37, "K": 53, "N": 71},
+    "sum_reduction": {"batch_size": 3, "dim1": 37, "dim2": 53},
     "depthwise_conv2d": {"batch_size": 1, "channels": 3, "height": 37, "width": 53},
     "rotary_embedding": {"batch_size": 1, "seq_len": 37, "heads": 3, "head_dim": 106},
 }
@@ -113,7 +132,7 @@ def _unaligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def _special(t: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
-    t = (torch.rand(t.shape, generator=gen) * 2 - 1)
+    t = torch.rand(t.shape, generator=gen) * 2 - 1
     if kind == "large":
         return t * 1e4
     if kind == "tiny":
@@ -151,17 +170,35 @@ def test_unaligned_and_special_inputs_match_torch(name: str) -> None:
     torch.manual_seed(0)
     model = ref.Model(*ref.get_init_inputs())
     gen = torch.Generator().manual_seed(1)
-    sources = [OfflineGenerator().recipes(_summary(name, shapes), "opencl"),
-               [p for p in (KB / "seeds" / f"{name}_opencl.py", KB / "improved" / f"{name}_opencl.py") if p.exists()]]
+    sources = [
+        OfflineGenerator().recipes(_summary(name, shapes), "opencl"),
+        [
+            p
+            for p in (KB / "seeds" / f"{name}_opencl.py", KB / "improved" / f"{name}_opencl.py")
+            if p.exists()
+        ],
+    ]
     for kind in ("specials", "large", "tiny"):
         inputs = [_unaligned(_special(x, kind, gen)) for x in ref.get_inputs()]
         with torch.no_grad():
             expected = model(*[x.clone() for x in inputs])
         for recipe in sources[0]:
             out = _run(recipe.render(), dict(recipe.defaults), ref, inputs)
-            torch.testing.assert_close(out, expected, rtol=1e-4, atol=ATOL[kind],
-                                       equal_nan=True, msg=lambda m, r=recipe.name, k=kind: f"{r} {k}: {m}")
+            torch.testing.assert_close(
+                out,
+                expected,
+                rtol=1e-4,
+                atol=ATOL[kind],
+                equal_nan=True,
+                msg=lambda m, r=recipe.name, k=kind: f"{r} {k}: {m}",
+            )
         for path in sources[1]:
             out = _run(path.read_text(), {}, ref, inputs)
-            torch.testing.assert_close(out, expected, rtol=1e-4, atol=ATOL[kind],
-                                       equal_nan=True, msg=lambda m, r=path.name, k=kind: f"{r} {k}: {m}")
+            torch.testing.assert_close(
+                out,
+                expected,
+                rtol=1e-4,
+                atol=ATOL[kind],
+                equal_nan=True,
+                msg=lambda m, r=path.name, k=kind: f"{r} {k}: {m}",
+            )

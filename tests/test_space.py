@@ -21,13 +21,13 @@ def device(**limits: object) -> DeviceProfile:
 
 def test_restrictions_as_expressions_and_callables() -> None:
     space = ParamSpace(PARAMS, ["BLOCK_SIZE_X * BLOCK_SIZE_Y <= 128", lambda c: c["TILE"] != 2])
-    expected = [
-        k for k in itertools.product(*PARAMS.values()) if k[0] * k[1] <= 128 and k[2] != 2
-    ]
+    expected = [k for k in itertools.product(*PARAMS.values()) if k[0] * k[1] <= 128 and k[2] != 2]
     assert space.keys == expected
     assert space.size == len(expected) < space.product_size
     assert "is false" in (space.violation({"BLOCK_SIZE_X": 64, "BLOCK_SIZE_Y": 8, "TILE": 1}) or "")
-    assert "not an allowed value" in (space.violation({"BLOCK_SIZE_X": 3, "BLOCK_SIZE_Y": 1, "TILE": 1}) or "")
+    assert "not an allowed value" in (
+        space.violation({"BLOCK_SIZE_X": 3, "BLOCK_SIZE_Y": 1, "TILE": 1}) or ""
+    )
 
 
 def test_constants_in_restrictions() -> None:
@@ -37,7 +37,11 @@ def test_constants_in_restrictions() -> None:
 
 @pytest.mark.parametrize(
     ("restriction", "message"),
-    [("BLOCK_SIZE_X *", "syntax error"), ("BLOCK_X <= 4", "unknown name(s) BLOCK_X"), ("__import__('os')", "unknown")],
+    [
+        ("BLOCK_SIZE_X *", "syntax error"),
+        ("BLOCK_X <= 4", "unknown name(s) BLOCK_X"),
+        ("__import__('os')", "unknown"),
+    ],
 )
 def test_bad_restriction_is_a_one_line_error(restriction: str, message: str) -> None:
     with pytest.raises(SpaceError, match=re.escape(message)) as info:
@@ -74,7 +78,9 @@ def test_device_limits_prune_work_group_size_dimensions_and_local_memory() -> No
         assert c["BLOCK_SIZE_X"] <= 32
         assert 4 * c["BLOCK_SIZE_X"] * c["BLOCK_SIZE_Y"] * c["TILE"] <= 512
     assert space.size < ParamSpace(PARAMS).size
-    assert "work-group size 128" in (space.violation({"BLOCK_SIZE_X": 32, "BLOCK_SIZE_Y": 4, "TILE": 1}) or "")
+    assert "work-group size 128" in (
+        space.violation({"BLOCK_SIZE_X": 32, "BLOCK_SIZE_Y": 4, "TILE": 1}) or ""
+    )
     assert "dimension 0" in (space.violation({"BLOCK_SIZE_X": 64, "BLOCK_SIZE_Y": 1, "TILE": 1}) or "")
     assert "local memory" in (space.violation({"BLOCK_SIZE_X": 16, "BLOCK_SIZE_Y": 4, "TILE": 4}) or "")
 

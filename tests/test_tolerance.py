@@ -66,8 +66,12 @@ def _split_k(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack([a[:, k : k + step] @ b[k : k + step] for k in range(0, a.shape[1], step)]).sum(0)
 
 
-MATMUL_HONEST = {"k-chunks": _k_chunks, "sequential": _sequential, "split-k": _split_k,
-                 "reversed": lambda a, b: a.flip(1) @ b.flip(0)}
+MATMUL_HONEST = {
+    "k-chunks": _k_chunks,
+    "sequential": _sequential,
+    "split-k": _split_k,
+    "reversed": lambda a, b: a.flip(1) @ b.flip(0),
+}
 MATMUL_CHEATS = {
     "tf32 inputs": lambda a, b: _tf32(a) @ _tf32(b),
     "bf16 inputs": lambda a, b: a.bfloat16().float() @ b.bfloat16().float(),
@@ -175,8 +179,12 @@ def _one_element_off() -> Case:
 
 
 HONEST: dict[str, Callable[[], Case]] = {
-    **{f"matmul K={k}{' signed' if s else ''} {n}": functools.partial(_mm_case, k, s, f)
-       for k in (512, 4096) for s in (False, True) for n, f in MATMUL_HONEST.items()},
+    **{
+        f"matmul K={k}{' signed' if s else ''} {n}": functools.partial(_mm_case, k, s, f)
+        for k in (512, 4096)
+        for s in (False, True)
+        for n, f in MATMUL_HONEST.items()
+    },
     "sum of 16384, sequential": _sum_sequential,
     "sum of 16384, pairwise": _sum_pairwise,
     "fma instead of mul + add": _fma,
@@ -189,8 +197,12 @@ HONEST: dict[str, Callable[[], Case]] = {
 }
 
 CHEATING: dict[str, Callable[[], Case]] = {
-    **{f"matmul K={k}{' signed' if s else ''} {n}": functools.partial(_mm_case, k, s, f)
-       for k in (512, 4096) for s in (False, True) for n, f in MATMUL_CHEATS.items()},
+    **{
+        f"matmul K={k}{' signed' if s else ''} {n}": functools.partial(_mm_case, k, s, f)
+        for k in (512, 4096)
+        for s in (False, True)
+        for n, f in MATMUL_CHEATS.items()
+    },
     "sum, low 8 bits cleared": lambda: (_clear_low_bits(_rows()[1], 8), *_rows()[1:]),
     "softmax, expected row sum": _softmax_expected_sum,
     "softmax, smallest 10% off by 16%": _softmax_smallest_off,
@@ -304,7 +316,9 @@ def test_float64_reference_leaves_model_and_inputs_alone() -> None:
     x, index = torch.rand(4, 16), torch.arange(4)
     outs = float64_reference(model, [x])
     assert outs is not None and outs[0].dtype == torch.float64
-    assert all(v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(
+        v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items()
+    )
     assert x.dtype == torch.float32
     assert model.state_dict()["1.num_batches_tracked"].dtype == torch.int64
     ref = model(x)
@@ -348,7 +362,9 @@ def test_an_8m_element_output_is_compared_in_bounded_chunks() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1 << 23, 5000])
-def test_the_one_pass_acceptance_agrees_with_the_full_assessment(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+def test_the_one_pass_acceptance_agrees_with_the_full_assessment(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
     """Outputs accepted without the banded statistics are those ``assess`` passes, across chunk boundaries
     and with non-finite values in some chunks (which take the masked way)."""
     import kfoundry.core.evaluation.error_envelope as envelope

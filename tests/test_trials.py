@@ -68,7 +68,7 @@ def test_structured_trials_cover_distributions_and_alignment() -> None:
     assert plan.structured[0].label == "variant 0 (as configured), signed inputs"
 
 
-DERIVED = '''
+DERIVED = """
 import torch
 import torch.nn as nn
 
@@ -93,7 +93,7 @@ def get_inputs():
 
 def get_init_inputs():
     return [bias_shape]
-'''
+"""
 
 
 def test_a_tuple_derived_from_a_size_follows_the_variants(tmp_path: Path) -> None:
@@ -156,7 +156,11 @@ def test_distribution_properties() -> None:
     assert isinstance(tiny, torch.Tensor) and float(tiny.abs().max()) < 1e-19 * scale
     assert float(tiny.abs()[tiny != 0].min()) >= torch.finfo(torch.float32).tiny  # normal numbers
     assert isinstance(nonfinite, torch.Tensor)
-    nan, pinf, ninf = int(nonfinite.isnan().sum()), int((nonfinite == math.inf).sum()), int((nonfinite == -math.inf).sum())
+    nan, pinf, ninf = (
+        int(nonfinite.isnan().sum()),
+        int((nonfinite == math.inf).sum()),
+        int((nonfinite == -math.inf).sum()),
+    )
     assert nan >= 1 and pinf >= 1 and ninf >= 1 and nan + pinf + ninf <= max(3, x.numel() // 1000)
     keep = torch.isfinite(nonfinite)
     assert torch.equal(nonfinite[keep], x[keep])
@@ -188,5 +192,8 @@ def test_domain_reason_flags_overflow_and_ill_conditioning() -> None:
     assert reason is not None and "ill-conditioned" in reason
     both = torch.tensor([math.nan, math.inf, 1.0])
     assert domain_reason([both], [both.double()]) is None  # non-finite in both: the judge's concern
-    assert domain_reason([torch.tensor([1.0, 2.0])], [torch.tensor([1.0, math.inf], dtype=torch.float64)]) is not None
+    assert (
+        domain_reason([torch.tensor([1.0, 2.0])], [torch.tensor([1.0, math.inf], dtype=torch.float64)])
+        is not None
+    )
     assert domain_reason([torch.exp(x)], None) is None

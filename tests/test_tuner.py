@@ -50,7 +50,9 @@ def test_budget_is_never_overrun_and_nothing_is_measured_twice(
 
     for budget in (1, 7, 25):
         calls.clear()
-        trace = run_tuner(space, objective, build(kf_plugin_manager, name, options), Budget(evaluations=budget), seed=3)
+        trace = run_tuner(
+            space, objective, build(kf_plugin_manager, name, options), Budget(evaluations=budget), seed=3
+        )
         assert len(calls) == len(trace.trials) == budget
         assert max(Counter(tuple(c.values()) for c in calls).values()) == 1
         assert trace.stop_reason == "evaluation budget spent"
@@ -61,7 +63,9 @@ def test_restrictions_and_device_limits_are_never_evaluated(
     kf_plugin_manager: PluginManager, name: str, options: dict[str, Any]
 ) -> None:
     dev = DeviceProfile(backend="opencl", name="small", max_work_group_size=64, local_mem_bytes=2048)
-    space = ParamSpace(PARAMS, ["UNROLL <= BLOCK_SIZE_X"], device=dev, local_mem_expr="16 * BLOCK_SIZE_X * UNROLL")
+    space = ParamSpace(
+        PARAMS, ["UNROLL <= BLOCK_SIZE_X"], device=dev, local_mem_expr="16 * BLOCK_SIZE_X * UNROLL"
+    )
     seen: list[Config] = []
 
     def objective(config: Config) -> float:
@@ -71,7 +75,9 @@ def test_restrictions_and_device_limits_are_never_evaluated(
         seen.append(config)
         return bowl(config)
 
-    trace = run_tuner(space, objective, build(kf_plugin_manager, name, options), Budget(evaluations=200), seed=1)
+    trace = run_tuner(
+        space, objective, build(kf_plugin_manager, name, options), Budget(evaluations=200), seed=1
+    )
     assert len(seen) == len(trace.trials) == space.size  # exhausted, all of it within the limits
     assert trace.stop_reason == "space exhausted"
     assert min(t.value for t in trace.trials if t.value is not None) == min(bowl(c) for c in space.configs())
@@ -160,7 +166,10 @@ def test_seeds_come_first_and_replay_is_deterministic(
     kf_plugin_manager: PluginManager, name: str, options: dict[str, Any]
 ) -> None:
     space = ParamSpace(PARAMS)
-    seeds = [{"BLOCK_SIZE_X": 16, "BLOCK_SIZE_Y": 2, "UNROLL": 4}, {"BLOCK_SIZE_X": 8, "BLOCK_SIZE_Y": 1, "UNROLL": 2}]
+    seeds = [
+        {"BLOCK_SIZE_X": 16, "BLOCK_SIZE_Y": 2, "UNROLL": 4},
+        {"BLOCK_SIZE_X": 8, "BLOCK_SIZE_Y": 1, "UNROLL": 2},
+    ]
 
     def run(seed: int) -> list[tuple[Any, ...]]:
         tuner = build(kf_plugin_manager, name, options)
@@ -180,7 +189,9 @@ def test_model_based_tuners_beat_random_on_a_smooth_space(kf_plugin_manager: Plu
         return 1.0 + sum((v - 5) ** 2 for v in config.values())
 
     def evals_to_optimum(name: str, options: dict[str, Any], seed: int) -> int:
-        trace = run_tuner(space, objective, build(kf_plugin_manager, name, options), Budget(evaluations=80), seed=seed)
+        trace = run_tuner(
+            space, objective, build(kf_plugin_manager, name, options), Budget(evaluations=80), seed=seed
+        )
         return trace.evaluations_to(1.0) or 81
 
     bayes = sorted(evals_to_optimum("bayesian", {}, s) for s in range(3))[1]

@@ -30,13 +30,23 @@ def test_tuning_stage_honours_device_limits_budget_and_records(tmp_path: Path) -
     with Evaluator(problem, fast_config(tmp_path, trials=2), store=store, run_id="tune-test") as evaluator:
         # pretend the device allows work-groups of 16 items at most: the space shrinks before compiling
         small_device = evaluator.device.model_copy(update={"max_work_group_size": 16})
-        space = candidate_space(candidate, small_device, problem.space, constants=problem.shapes,
-                                problem_block=native_block(problem))
+        space = candidate_space(
+            candidate,
+            small_device,
+            problem.space,
+            constants=problem.shapes,
+            problem_block=native_block(problem),
+        )
         assert 0 < space.size < candidate_space(candidate, evaluator.device, problem.space).size
         result = tune_candidate(
-            evaluator, candidate, TunerConfig(name="bayesian", evaluations=4), space=space,
-            seeds=[{"BLOCK_X": 4, "BLOCK_Y": 4, "WPT": 1}], record_path=tmp_path / "rec.json",
-            t4_path=tmp_path / "t4.json", on_trial=lambda t, r: seen.append((t, r)),
+            evaluator,
+            candidate,
+            TunerConfig(name="bayesian", evaluations=4),
+            space=space,
+            seeds=[{"BLOCK_X": 4, "BLOCK_Y": 4, "WPT": 1}],
+            record_path=tmp_path / "rec.json",
+            t4_path=tmp_path / "t4.json",
+            on_trial=lambda t, r: seen.append((t, r)),
         )
     evaluated = [json.loads(row["params"]) for row in store.query("SELECT params FROM tuner_trials")]
     compiled = [c.params for c in store.list_candidates("tune-test")]
@@ -71,11 +81,34 @@ def test_kf_run_tune_on_pocl(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
     record = tmp_path / "vector_add.json"
     args = [
-        "tune", str(EXAMPLES / "native" / "vector_add.toml"), str(EXAMPLES / "native" / "vector_add.cl"),
-        "--shape", "N=4096", "--tuner", "grid", "--evaluations", "4", "--restrict", "BLOCK * VEC >= 256",
-        "--params", "BLOCK=64", "--params", "VEC=4", "--record", str(record), "--json",
-        "--set", f"output_dir={json.dumps(str(tmp_path))}", "--set", "evaluation.target_time_s=0.005",
-        "--set", "evaluation.warmup_s=0.0", "--set", "evaluation.rotate_bytes=0", "--set", "evaluation.trials=2",
+        "tune",
+        str(EXAMPLES / "native" / "vector_add.toml"),
+        str(EXAMPLES / "native" / "vector_add.cl"),
+        "--shape",
+        "N=4096",
+        "--tuner",
+        "grid",
+        "--evaluations",
+        "4",
+        "--restrict",
+        "BLOCK * VEC >= 256",
+        "--params",
+        "BLOCK=64",
+        "--params",
+        "VEC=4",
+        "--record",
+        str(record),
+        "--json",
+        "--set",
+        f"output_dir={json.dumps(str(tmp_path))}",
+        "--set",
+        "evaluation.target_time_s=0.005",
+        "--set",
+        "evaluation.warmup_s=0.0",
+        "--set",
+        "evaluation.rotate_bytes=0",
+        "--set",
+        "evaluation.trials=2",
     ]
     with pytest.raises(SystemExit) as info:
         main(args)
@@ -87,6 +120,8 @@ def test_kf_run_tune_on_pocl(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     from kfoundry.core.tuning import merge_spaces
 
     merged = merge_spaces(None, TunableSpace(restrictions=["BLOCK * VEC <= 512"]))
-    assert merged is not None and merged.restrictions == ["BLOCK * VEC <= 512"]  # a restriction alone survives
+    assert merged is not None and merged.restrictions == [
+        "BLOCK * VEC <= 512"
+    ]  # a restriction alone survives
     assert result["best_time_ms"] == min(t["time_ms"] for t in result["trials"] if t["time_ms"] is not None)
     assert len(RecordedSpace.load(record).entries) == 4

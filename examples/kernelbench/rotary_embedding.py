@@ -21,7 +21,11 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.rand(batch_size, seq_len, heads, head_dim), torch.rand(seq_len, head_dim // 2), torch.rand(seq_len, head_dim // 2)]
+    return [
+        torch.rand(batch_size, seq_len, heads, head_dim),
+        torch.rand(seq_len, head_dim // 2),
+        torch.rand(seq_len, head_dim // 2),
+    ]
 
 
 def get_init_inputs():

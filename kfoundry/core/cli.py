@@ -63,7 +63,9 @@ Examples:
 )
 @click.version_option(__version__, prog_name="kf-run")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
-@click.option("-v", "--verbose", count=True, help="More log lines (-vv: debug); allowed anywhere on the line.")
+@click.option(
+    "-v", "--verbose", count=True, help="More log lines (-vv: debug); allowed anywhere on the line."
+)
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only; allowed anywhere on the line.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, verbose: int, quiet: bool) -> None:
@@ -100,7 +102,9 @@ def configure_logging(verbose: int = 0, quiet: bool = False, stream: Any = None)
         global terminal_console
         terminal_console = Console(file=stream)
         handler = RichHandler(console=terminal_console, show_path=False, markup=False)
-        level = logging.WARNING if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+        level = (
+            logging.WARNING if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+        )
     else:
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))

@@ -108,7 +108,11 @@ def with_peaks(profile: DeviceProfile) -> DeviceProfile:
     measured = load_measured().get(profile.key)
     if measured is not None:
         return profile.model_copy(
-            update={"peak_bandwidth_gbs": measured.bandwidth_gbs, "peak_gflops": measured.gflops, "peaks_measured": True}
+            update={
+                "peak_bandwidth_gbs": measured.bandwidth_gbs,
+                "peak_gflops": measured.gflops,
+                "peaks_measured": True,
+            }
         )
     if profile.peak_bandwidth_gbs is not None and profile.peak_gflops is not None:
         return profile
@@ -173,7 +177,9 @@ def _copy_time_s(device: Any, copy_bytes: int, repeats: int, sync: object, on_gp
     return _median_time_s(lambda: dst.copy_(src), repeats, sync, on_gpu)
 
 
-def measure_peaks(torch_device: str, *, copy_bytes: int | None = None, matmul_n: int | None = None) -> MeasuredPeaks:
+def measure_peaks(
+    torch_device: str, *, copy_bytes: int | None = None, matmul_n: int | None = None
+) -> MeasuredPeaks:
     """Measure copy bandwidth and the fp32 matrix-product rate on a torch device (``cuda:0``, ``cpu``)."""
     import torch
 

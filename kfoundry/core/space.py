@@ -258,14 +258,19 @@ class ParamSpace:
     def encode(self, config: Mapping[str, Any]) -> np.ndarray:
         """A point in [0, 1]^d: each parameter's ordinal index scaled by its number of values."""
         return np.array(
-            [i / max(len(self.params[n]) - 1, 1) for n, i in zip(self.names, self.indices(config), strict=True)],
+            [
+                i / max(len(self.params[n]) - 1, 1)
+                for n, i in zip(self.names, self.indices(config), strict=True)
+            ],
             dtype=float,
         )
 
     @cached_property
     def encoded(self) -> np.ndarray:
         """Every valid configuration encoded (rows follow :attr:`keys`)."""
-        return np.array([self.encode(self.config(k)) for k in self.keys], dtype=float).reshape(len(self.keys), -1)
+        return np.array([self.encode(self.config(k)) for k in self.keys], dtype=float).reshape(
+            len(self.keys), -1
+        )
 
     @cached_property
     def position(self) -> dict[ConfigKey, int]:

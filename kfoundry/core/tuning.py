@@ -109,7 +109,9 @@ def native_block(problem: Any) -> list[str] | None:
     return [str(b) for b in block] if block else None
 
 
-def default_seeds(space: ParamSpace, params: Mapping[str, Any], more: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
+def default_seeds(
+    space: ParamSpace, params: Mapping[str, Any], more: Sequence[Mapping[str, Any]] = ()
+) -> list[Config]:
     """Known-good configurations first: the candidate's own values, then ``more``; valid ones only."""
     out: list[Config] = []
     for cand in [params, *more]:
@@ -161,7 +163,9 @@ class Prefetch:
     other configurations queued with it (seeds, or the batching tuner's queue) that are valid and not
     evaluated yet go to ``evaluate_many`` together (at most ``size()``)."""
 
-    def __init__(self, evaluator: Any, candidate: Candidate, space: ParamSpace, size: Callable[[], int]) -> None:
+    def __init__(
+        self, evaluator: Any, candidate: Candidate, space: ParamSpace, size: Callable[[], int]
+    ) -> None:
         self.evaluator, self.candidate, self.space, self.size = evaluator, candidate, space, size
         self.done: dict[Any, EvalRecord] = {}
 
@@ -182,7 +186,11 @@ class Prefetch:
                 keys.add(k)
         many = getattr(self.evaluator, "evaluate_many", None)
         cands = [self.candidate.with_params({**self.candidate.params, **c}) for c in batch]
-        records = many(cands) if many is not None and len(cands) > 1 else [self.evaluator.evaluate(c) for c in cands]
+        records = (
+            many(cands)
+            if many is not None and len(cands) > 1
+            else [self.evaluator.evaluate(c) for c in cands]
+        )
         for c, r in zip(batch[1:], records[1:], strict=True):
             self.done[self._key(c)] = r
         return records[0]
@@ -216,11 +224,16 @@ def tune_candidate(
     device = evaluator.device
     if space is None:
         space = candidate_space(
-            candidate, device, getattr(problem, "space", None), constants=getattr(problem, "shapes", None),
+            candidate,
+            device,
+            getattr(problem, "space", None),
+            constants=getattr(problem, "shapes", None),
             problem_block=native_block(problem),
         )
     space.size  # enumerate now: an empty or oversized space fails before anything is compiled  # noqa: B018
-    params_in_force = problem.candidate_params(candidate) if hasattr(problem, "candidate_params") else candidate.params
+    params_in_force = (
+        problem.candidate_params(candidate) if hasattr(problem, "candidate_params") else candidate.params
+    )
     warm = warm_start.warm_seeds(evaluator, candidate, space, tuner_config)  # the performance database
     seed_configs = default_seeds(space, params_in_force, [*seeds, *warm])
     budget = Budget(evaluations=evaluations or tuner_config.evaluations, wall_time_s=wall_time_s)
@@ -302,7 +315,9 @@ def _writer(
     )
 
 
-def _store_trial(evaluator: EvaluatorLike, tuning_id: str, candidate_hash: str, tuner: str, trial: Trial) -> None:
+def _store_trial(
+    evaluator: EvaluatorLike, tuning_id: str, candidate_hash: str, tuner: str, trial: Trial
+) -> None:
     store = getattr(evaluator, "store", None)
     if store is None:
         return

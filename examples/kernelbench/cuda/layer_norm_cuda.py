@@ -116,5 +116,15 @@ class ModelNew(nn.Module):
         chunks = cdiv(cols, CHUNK)
         partials = torch.empty(rows, chunks, 2, dtype=torch.float64, device=x.device)
         prog.ln_partial(x, partials, cols, grid=(chunks, rows), block=(BLOCK,))
-        prog.ln_apply(x, self.ln.weight, self.ln.bias, y, partials, cols, self.ln.eps, grid=(chunks, rows), block=(BLOCK,))
+        prog.ln_apply(
+            x,
+            self.ln.weight,
+            self.ln.bias,
+            y,
+            partials,
+            cols,
+            self.ln.eps,
+            grid=(chunks, rows),
+            block=(BLOCK,),
+        )
         return y

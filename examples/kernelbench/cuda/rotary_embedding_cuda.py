@@ -62,7 +62,9 @@ class ModelNew(nn.Module):
         y = torch.empty_like(x)
         pairs = batch * seq * heads * half
         if half % 4 == 0 and _aligned(x, cos, sin, y):
-            self.k.rope4(x, cos, sin, y, pairs // 4, heads, half, seq, grid=(cdiv(pairs // 4, 256),), block=(256,))
+            self.k.rope4(
+                x, cos, sin, y, pairs // 4, heads, half, seq, grid=(cdiv(pairs // 4, 256),), block=(256,)
+            )
         else:
             self.k.rope1(x, cos, sin, y, pairs, heads, half, seq, grid=(cdiv(pairs, 256),), block=(256,))
         return y

@@ -55,7 +55,7 @@ class ModelNew(nn.Module):
         for s in shape[:dim]:
             outer *= s
         inner = x.numel() // (outer * reduce)
-        out_shape = shape[:dim] + [1] + shape[dim + 1:]
+        out_shape = shape[:dim] + [1] + shape[dim + 1 :]
         if inner == 1:
             out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
             self.k.sum_rows(x, out, reduce, grid=(outer,), block=(256,))
@@ -64,5 +64,7 @@ class ModelNew(nn.Module):
         col_blocks = cdiv(inner, 256)
         segments = max(1, min(cdiv(reduce, 32), cdiv(8192, col_blocks * outer), 65535))
         seg = cdiv(reduce, segments)
-        self.k.sum_columns(x, out, reduce, inner, seg, grid=(col_blocks, cdiv(reduce, seg), outer), block=(256,))
+        self.k.sum_columns(
+            x, out, reduce, inner, seg, grid=(col_blocks, cdiv(reduce, seg), outer), block=(256,)
+        )
         return out

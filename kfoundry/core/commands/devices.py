@@ -53,7 +53,9 @@ def _measure(backend: Backend, profile: DeviceProfile, can_run: bool, notes: lis
         return profile
     peaks = measure_peaks(torch_device)
     path = store_measured(profile, peaks)
-    notes.append(f"{profile.name}: measured {peaks.bandwidth_gbs} GB/s, {peaks.gflops} GFLOP/s (stored in {path})")
+    notes.append(
+        f"{profile.name}: measured {peaks.bandwidth_gbs} GB/s, {peaks.gflops} GFLOP/s (stored in {path})"
+    )
     return with_peaks(profile)
 
 
@@ -68,7 +70,20 @@ def _kib(value: int | None) -> str:
 def _render(listing: list[dict[str, Any]]) -> None:
     console = Console()
     table = Table(title="kfoundry devices")
-    for col in ("backend", "#", "device", "type", "units", "CC", "memory", "L2", "shared/local", "GB/s", "GFLOP/s", "peaks"):
+    for col in (
+        "backend",
+        "#",
+        "device",
+        "type",
+        "units",
+        "CC",
+        "memory",
+        "L2",
+        "shared/local",
+        "GB/s",
+        "GFLOP/s",
+        "peaks",
+    ):
         table.add_column(col)
     for entry in listing:
         for d in entry["devices"]:
@@ -100,7 +115,9 @@ def _render(listing: list[dict[str, Any]]) -> None:
     "devices",
     epilog="\b\nExamples:\n  kf-run devices\n  kf-run devices --measure\n  kf-run devices --json",
 )
-@click.option("--measure", is_flag=True, help="Measure copy bandwidth and fp32 matmul rate; store them per device.")
+@click.option(
+    "--measure", is_flag=True, help="Measure copy bandwidth and fp32 matmul rate; store them per device."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (full profiles) instead of a table.")
 def command(measure: bool, as_json: bool) -> None:
     """List every device every backend can see, with its profile and peak rates."""

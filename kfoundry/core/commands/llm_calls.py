@@ -19,8 +19,12 @@ def _summary(calls: list[CallRecord]) -> Table:
     for member in sorted({c.member for c in calls}):
         mine = [c for c in calls if c.member == member and c.error_kind != "budget"]
         table.add_row(
-            member, str(len(mine)), str(sum(1 for c in mine if c.error)), str(sum(c.tokens_in for c in mine)),
-            str(sum(c.tokens_out for c in mine)), f"{sum(c.cost_usd for c in mine):.4f}",
+            member,
+            str(len(mine)),
+            str(sum(1 for c in mine if c.error)),
+            str(sum(c.tokens_in for c in mine)),
+            str(sum(c.tokens_out for c in mine)),
+            f"{sum(c.cost_usd for c in mine):.4f}",
         )
     return table
 
@@ -31,7 +35,9 @@ def _summary(calls: list[CallRecord]) -> Table:
     "  kf-run llm-calls kf-runs/softmax-20261130-104500 --show 7",
 )
 @click.argument("run_dir", type=click.Path(exists=True))
-@click.option("--show", "show", type=int, default=None, metavar="SEQ", help="Print the prompt and reply of call SEQ.")
+@click.option(
+    "--show", "show", type=int, default=None, metavar="SEQ", help="Print the prompt and reply of call SEQ."
+)
 def command(run_dir: str, show: int | None) -> None:
     """List RUN_DIR's language-model calls (from its llm_calls.jsonl): kind, tokens, cost, errors."""
     path = Path(run_dir)
@@ -42,11 +48,20 @@ def command(run_dir: str, show: int | None) -> None:
     if show is not None:
         found = [c for c in calls if c.seq == show]
         if not found:
-            raise KfError(f"no call {show} (calls are numbered 1 to {max((c.seq for c in calls), default=0)})")
+            raise KfError(
+                f"no call {show} (calls are numbered 1 to {max((c.seq for c in calls), default=0)})"
+            )
         c = found[0]
         console.rule(f"call {c.seq}: {c.member} {c.kind}, generation {c.generation}")
-        console.print("[bold]system[/bold]", c.system, "[bold]prompt[/bold]", c.prompt, sep="\n", markup=True,
-                      highlight=False)
+        console.print(
+            "[bold]system[/bold]",
+            c.system,
+            "[bold]prompt[/bold]",
+            c.prompt,
+            sep="\n",
+            markup=True,
+            highlight=False,
+        )
         console.rule("reply" if c.error is None else f"error ({c.error_kind})")
         console.print(c.response if c.error is None else c.error, markup=False, highlight=False)
         return
@@ -55,8 +70,15 @@ def command(run_dir: str, show: int | None) -> None:
         table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=24 if col == "error" else None)
     for c in calls:
         table.add_row(
-            str(c.seq), str(c.generation if c.generation is not None else "-"), c.member, c.kind, str(c.tokens_in),
-            str(c.tokens_out), f"{c.cost_usd:.4f}", f"{c.latency_s:.1f}", str(c.attempts),
+            str(c.seq),
+            str(c.generation if c.generation is not None else "-"),
+            c.member,
+            c.kind,
+            str(c.tokens_in),
+            str(c.tokens_out),
+            f"{c.cost_usd:.4f}",
+            f"{c.latency_s:.1f}",
+            str(c.attempts),
             c.error_kind or "",
         )
     console.print(table)

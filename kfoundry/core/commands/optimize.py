@@ -27,8 +27,13 @@ class RichObserver:
     def __init__(self, console: Console, total: int) -> None:
         self.console = console
         self.progress = Progress(
-            TextColumn("[bold]{task.fields[gen]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=console, transient=False,
+            TextColumn("[bold]{task.fields[gen]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
         )
         self.task = self.progress.add_task("", total=total, gen="gen 0")
 
@@ -40,13 +45,19 @@ class RichObserver:
         vs_seed = ""
         if seed and seed.timing and best.record.timing:
             vs_seed = f", {seed.timing.median_ms / best.record.timing.median_ms:.1f}x the seed"
-        return (f"best {best.record.speedup or 0:.2f}x vs reference{vs_seed} ({best.candidate.label}) · "
-                f"cells {len(loop.strategy.archive)}")
+        return (
+            f"best {best.record.speedup or 0:.2f}x vs reference{vs_seed} ({best.candidate.label}) · "
+            f"cells {len(loop.strategy.archive)}"
+        )
 
     def started(self, loop: OptimizeLoop) -> None:
         self.progress.start()
-        self.progress.update(self.task, completed=loop.evaluations, description=self._line(loop),
-                             gen=f"gen {loop.state.generation}")
+        self.progress.update(
+            self.task,
+            completed=loop.evaluations,
+            description=self._line(loop),
+            gen=f"gen {loop.state.generation}",
+        )
 
     def evaluated(self, loop: OptimizeLoop, row: Row) -> None:
         rec = row.record
@@ -54,8 +65,12 @@ class RichObserver:
         verdict = rec.outcome.value if rec else "?"
         if rec and rec.is_correct and rec.speedup:
             verdict = f"{rec.speedup:.2f}x"
-        self.progress.update(self.task, completed=loop.evaluations, gen=f"gen {row.generation}",
-                             description=f"{self._line(loop)} · last: {label} {verdict}")
+        self.progress.update(
+            self.task,
+            completed=loop.evaluations,
+            gen=f"gen {row.generation}",
+            description=f"{self._line(loop)} · last: {label} {verdict}",
+        )
 
     def generation_done(self, loop: OptimizeLoop, generation: int) -> None:
         self.progress.update(self.task, description=self._line(loop), completed=loop.evaluations)
@@ -84,9 +99,13 @@ def print_summary(console: Console, result: OptimizeResult) -> None:
     for cell in result.archive:
         rec = cell.record
         table.add_row(
-            str(cell.island), str(tuple(cell.coords)), cell.candidate.label + (" (migrant)" if cell.migrated else ""),
-            ", ".join(f"{k}={v}" for k, v in cell.candidate.params.items()), rec.outcome.value,
-            f"{rec.speedup:.2f}x" if rec.speedup else "-", f"{rec.timing.median_ms:.3f}" if rec.timing else "-",
+            str(cell.island),
+            str(tuple(cell.coords)),
+            cell.candidate.label + (" (migrant)" if cell.migrated else ""),
+            ", ".join(f"{k}={v}" for k, v in cell.candidate.params.items()),
+            rec.outcome.value,
+            f"{rec.speedup:.2f}x" if rec.speedup else "-",
+            f"{rec.timing.median_ms:.3f}" if rec.timing else "-",
         )
     console.print(table)
     if len(result.best_per_shape) > 1:
@@ -94,19 +113,27 @@ def print_summary(console: Console, result: OptimizeResult) -> None:
         for col in ("shapes", "outcome", "speedup", "ms", "reference ms"):
             shapes.add_column(col)
         for s in result.best_per_shape:
-            shapes.add_row(", ".join(f"{k}={v}" for k, v in s.shapes.items()), s.outcome,
-                           f"{s.speedup:.2f}x" if s.speedup else "-", f"{s.median_ms:.4f}" if s.median_ms else "-",
-                           f"{s.reference_ms:.4f}" if s.reference_ms else "-")
+            shapes.add_row(
+                ", ".join(f"{k}={v}" for k, v in s.shapes.items()),
+                s.outcome,
+                f"{s.speedup:.2f}x" if s.speedup else "-",
+                f"{s.median_ms:.4f}" if s.median_ms else "-",
+                f"{s.reference_ms:.4f}" if s.reference_ms else "-",
+            )
         console.print(shapes)
     best = result.best
-    console.print(f"stopped: {result.stop_reason} · {result.generations} generations, {result.evaluations} evaluations")
+    console.print(
+        f"stopped: {result.stop_reason} · {result.generations} generations, {result.evaluations} evaluations"
+    )
     if result.llm_usage:
         u = result.llm_usage
         failed = ""
         if u.get("failed"):
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(u.get("failures", {}).items()))
             failed = f", {u['failed']} failed ({kinds})"
-        console.print(f"LLM: {u['calls']} calls{failed}, {u['tokens_in'] + u['tokens_out']} tokens, ${u['cost_usd']:.4f}")
+        console.print(
+            f"LLM: {u['calls']} calls{failed}, {u['tokens_in'] + u['tokens_out']} tokens, ${u['cost_usd']:.4f}"
+        )
     if best is None or not best.record.is_correct:
         console.print("[red]no correct kernel found[/red]")
         return
@@ -146,9 +173,16 @@ def finish(result: OptimizeResult, as_json: bool, console: Console | None = None
         print_summary(console or Console(), result)
 
 
-def run_loop(config: RunConfig, problem_path: Path, shapes: dict[str, Any] | list[dict[str, Any]], run_id: str,
-             run_dir: Path, seed_kernel: Path | None, console: Console,
-             observer: RichObserver | None = None) -> OptimizeResult:
+def run_loop(
+    config: RunConfig,
+    problem_path: Path,
+    shapes: dict[str, Any] | list[dict[str, Any]],
+    run_id: str,
+    run_dir: Path,
+    seed_kernel: Path | None,
+    console: Console,
+    observer: RichObserver | None = None,
+) -> OptimizeResult:
     """Run a run folder's loop to the end (a shape set, or a list of them) and print its summary."""
     from kfoundry.api import run_folder
 
@@ -176,12 +210,27 @@ Examples:
 @click.argument("problem", required=False)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML run config.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config value.")
-@click.option("--shape", "shape_items", multiple=True, metavar="NAME=V1[,V2..]",
-              help="Override a shape constant; several values (or the option repeated) make shape sets.")
-@click.option("--seed-kernel", type=click.Path(dir_okay=False, exists=True), help="Naive seed kernel to start from.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (progress stays on stderr).")
-def command(problem: str | None, config_path: str | None, overrides: tuple[str, ...], shape_items: tuple[str, ...],
-            seed_kernel: str | None, as_json: bool) -> None:
+@click.option(
+    "--shape",
+    "shape_items",
+    multiple=True,
+    metavar="NAME=V1[,V2..]",
+    help="Override a shape constant; several values (or the option repeated) make shape sets.",
+)
+@click.option(
+    "--seed-kernel", type=click.Path(dir_okay=False, exists=True), help="Naive seed kernel to start from."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (progress stays on stderr)."
+)
+def command(
+    problem: str | None,
+    config_path: str | None,
+    overrides: tuple[str, ...],
+    shape_items: tuple[str, ...],
+    seed_kernel: str | None,
+    as_json: bool,
+) -> None:
     """Optimize PROBLEM (a KernelBench .py file or a native task .toml): search, evaluate, tune, export."""
     from kfoundry.api import optimize
 
@@ -192,9 +241,14 @@ def command(problem: str | None, config_path: str | None, overrides: tuple[str, 
     shape_sets = parse_shape_sets(shape_items)
     observer = cli_observer(config)
     try:
-        result = optimize(path_text, config=config, shapes=shape_sets[0] if len(shape_sets) == 1 else None,
-                          shape_sets=shape_sets if len(shape_sets) > 1 else None, seed_kernel=seed_kernel,
-                          observer=observer)
+        result = optimize(
+            path_text,
+            config=config,
+            shapes=shape_sets[0] if len(shape_sets) == 1 else None,
+            shape_sets=shape_sets if len(shape_sets) > 1 else None,
+            seed_kernel=seed_kernel,
+            observer=observer,
+        )
     finally:
         if observer is not None:
             observer.stop()

@@ -28,7 +28,10 @@ def plugins_listing() -> list[dict[str, object]]:
     return out
 
 
-@click.command("plugins", epilog="\b\nExamples:\n  kf-run plugins\n  kf-run plugins --json\n  KF_DISABLE_PLUGINS=ray kf-run plugins")
+@click.command(
+    "plugins",
+    epilog="\b\nExamples:\n  kf-run plugins\n  kf-run plugins --json\n  KF_DISABLE_PLUGINS=ray kf-run plugins",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def command(as_json: bool) -> None:
     """List every plugin: name, kinds and names registered, package, version and hooks."""
@@ -46,7 +49,9 @@ def command(as_json: bool) -> None:
         regs = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in registered.items()) or "-"
         hooks = entry["hooks"]
         assert isinstance(hooks, list)
-        table.add_row(str(entry["name"]), regs, str(entry["package"]), str(entry["version"]), ", ".join(hooks))
+        table.add_row(
+            str(entry["name"]), regs, str(entry["package"]), str(entry["version"]), ", ".join(hooks)
+        )
     console = Console()
     console.print(table)
     for line in skipped:

@@ -54,8 +54,12 @@ class TrialProgress:
             from kfoundry.core import cli
 
             self.bar = Progress(
-                TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.description}"), console=cli.terminal_console or Console(stderr=True),
+                TextColumn("tuning"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=cli.terminal_console or Console(stderr=True),
                 transient=True,
             )
             self.task = self.bar.add_task("", total=total)
@@ -70,8 +74,16 @@ class TrialProgress:
         if record is not None and record.is_correct and record.speedup:
             verdict += f" {record.speedup:.2f}x"
         best = f"{self.best[0]:.4f} ms {self.best[1]}" if self.best else "none valid yet"
-        log.log(self.level, "tune trial %d/%d%s %s -> %s (best %s)", self.count, self.total,
-                " (seed)" if trial.seeded else "", params, verdict, best)
+        log.log(
+            self.level,
+            "tune trial %d/%d%s %s -> %s (best %s)",
+            self.count,
+            self.total,
+            " (seed)" if trial.seeded else "",
+            params,
+            verdict,
+            best,
+        )
         if self.bar is not None:
             self.bar.update(self.task, completed=self.count, description=f"best {best}")
 
@@ -163,31 +175,69 @@ def _print_result(result: TuningResult, console: Console, first: float | None, t
 @click.option("--tuner", "tuner_name", help="Tuner plugin (default: the config's, bayesian).")
 @click.option("--evaluations", type=click.IntRange(min=1), help="Unique configurations to evaluate.")
 @click.option("--wall-time", type=click.FloatRange(min=0, min_open=True), help="Wall-time budget in seconds.")
-@click.option("--param", "param_values", multiple=True, metavar="NAME=V1,V2,..", help="A tunable and its values.")
-@click.option("--restrict", "restrictions", multiple=True, metavar="EXPR", help="A restriction, e.g. 'TS % WPT == 0'.")
+@click.option(
+    "--param", "param_values", multiple=True, metavar="NAME=V1,V2,..", help="A tunable and its values."
+)
+@click.option(
+    "--restrict", "restrictions", multiple=True, metavar="EXPR", help="A restriction, e.g. 'TS % WPT == 0'."
+)
 @click.option("--space", "space_file", help="Space file (TOML/JSON: params, restrictions).")
-@click.option("--block", "block", multiple=True, metavar="EXPR", help="Work-group size per dimension (device limit).")
-@click.option("--local-mem", help="Local/shared memory bytes a configuration needs (expression; device limit).")
-@click.option("--params", "params", multiple=True, metavar="NAME=VALUE", help="The candidate's own value (a seed).")
-@click.option("--replay", help="Replay a recorded space (Kernel Tuner cache JSON) instead of running kernels.")
+@click.option(
+    "--block", "block", multiple=True, metavar="EXPR", help="Work-group size per dimension (device limit)."
+)
+@click.option(
+    "--local-mem", help="Local/shared memory bytes a configuration needs (expression; device limit)."
+)
+@click.option(
+    "--params", "params", multiple=True, metavar="NAME=VALUE", help="The candidate's own value (a seed)."
+)
+@click.option(
+    "--replay", help="Replay a recorded space (Kernel Tuner cache JSON) instead of running kernels."
+)
 @click.option("--record", help="Append every trial to this Kernel Tuner cache file.")
 @click.option("--t4", "t4_path", help="Write the trials in T4 format to this file.")
 @click.option("--seed", type=int, default=None, help="Random seed of the tuner (default: the config's).")
-@click.option("--warm-start", "warm_start", multiple=True, metavar="PATH",
-              help="Warm-start from earlier results: a run folder, store, Kernel Tuner cache or a directory of them.")
+@click.option(
+    "--warm-start",
+    "warm_start",
+    multiple=True,
+    metavar="PATH",
+    help="Warm-start from earlier results: a run folder, store, Kernel Tuner cache or a directory of them.",
+)
 @click.option("--backend", help="Backend plugin (default: the config's, opencl).")
 @click.option("--device", help="Device index or name substring.")
-@click.option("--shape", "shapes", multiple=True, metavar="NAME=VALUE", help="Override a problem shape constant.")
+@click.option(
+    "--shape", "shapes", multiple=True, metavar="NAME=VALUE", help="Override a problem shape constant."
+)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML run config.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config value.")
 @click.option("--trials", "show_trials", is_flag=True, help="Print every trial.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tuning result as JSON.")
-def command(problem: str | None, candidate: str | None, tuner_name: str | None, evaluations: int | None,
-            wall_time: float | None, param_values: tuple[str, ...], restrictions: tuple[str, ...],
-            space_file: str | None, block: tuple[str, ...], local_mem: str | None, params: tuple[str, ...],
-            replay: str | None, record: str | None, t4_path: str | None, seed: int | None, warm_start: tuple[str, ...],
-            backend: str | None, device: str | None, shapes: tuple[str, ...], config_path: str | None,
-            overrides: tuple[str, ...], show_trials: bool, as_json: bool) -> None:
+def command(
+    problem: str | None,
+    candidate: str | None,
+    tuner_name: str | None,
+    evaluations: int | None,
+    wall_time: float | None,
+    param_values: tuple[str, ...],
+    restrictions: tuple[str, ...],
+    space_file: str | None,
+    block: tuple[str, ...],
+    local_mem: str | None,
+    params: tuple[str, ...],
+    replay: str | None,
+    record: str | None,
+    t4_path: str | None,
+    seed: int | None,
+    warm_start: tuple[str, ...],
+    backend: str | None,
+    device: str | None,
+    shapes: tuple[str, ...],
+    config_path: str | None,
+    overrides: tuple[str, ...],
+    show_trials: bool,
+    as_json: bool,
+) -> None:
     """Tune the template parameters of CANDIDATE on PROBLEM (or replay a recorded space with --replay)."""
     sets = list(overrides)
     if tuner_name:
@@ -215,8 +265,19 @@ def command(problem: str | None, candidate: str | None, tuner_name: str | None, 
         extra = read_space_file(space_file) if space_file else None
         cli_space = TunableSpace(params=parse_param_values(param_values), restrictions=list(restrictions))
         result, first = _on_device(
-            problem, candidate, config, extra, cli_space, list(block) or None, local_mem, params, shapes,
-            wall_time, run_seed, record, t4_path,
+            problem,
+            candidate,
+            config,
+            extra,
+            cli_space,
+            list(block) or None,
+            local_mem,
+            params,
+            shapes,
+            wall_time,
+            run_seed,
+            record,
+            t4_path,
         )
     if as_json:
         click.echo(result.model_dump_json(indent=2))
@@ -225,8 +286,14 @@ def command(problem: str | None, candidate: str | None, tuner_name: str | None, 
     sys.exit(0 if result.best_params is not None else 1)
 
 
-def _replay(path: str, tuner_config: TunerConfig, wall_time: float | None, seed: int, t4_path: str | None,
-            console: Console) -> tuple[TuningResult, float | None]:
+def _replay(
+    path: str,
+    tuner_config: TunerConfig,
+    wall_time: float | None,
+    seed: int,
+    t4_path: str | None,
+    console: Console,
+) -> tuple[TuningResult, float | None]:
     from kfoundry.core.config import build_plugin
 
     recorded = RecordedSpace.load(path)
@@ -234,8 +301,12 @@ def _replay(path: str, tuner_config: TunerConfig, wall_time: float | None, seed:
     space = recorded.space()
     tuner = build_plugin(tuner_config, "tuner")
     budget = Budget(evaluations=tuner_config.evaluations, wall_time_s=wall_time)
-    log.info("replaying %s with %s, %d evaluations", recorded.name, tuner_config.name, tuner_config.evaluations)
-    progress = TrialProgress(tuner_config.evaluations, terminal=False, level=logging.DEBUG)  # no device: instant
+    log.info(
+        "replaying %s with %s, %d evaluations", recorded.name, tuner_config.name, tuner_config.evaluations
+    )
+    progress = TrialProgress(
+        tuner_config.evaluations, terminal=False, level=logging.DEBUG
+    )  # no device: instant
     trace = run_tuner(space, replay_objective(recorded), tuner, budget, seed=seed, on_trial=progress)
     if t4_path:
         export_t4(t4_path, trace.trials, space.params)
@@ -246,10 +317,21 @@ def _replay(path: str, tuner_config: TunerConfig, wall_time: float | None, seed:
     return result, first
 
 
-def _on_device(problem: str, candidate: str, config: Any, extra: TunableSpace | None, cli_space: TunableSpace,
-               block: list[str] | None, local_mem: str | None, params: tuple[str, ...], shapes: tuple[str, ...],
-               wall_time: float | None, seed: int, record: str | None,
-               t4_path: str | None) -> tuple[TuningResult, float | None]:
+def _on_device(
+    problem: str,
+    candidate: str,
+    config: Any,
+    extra: TunableSpace | None,
+    cli_space: TunableSpace,
+    block: list[str] | None,
+    local_mem: str | None,
+    params: tuple[str, ...],
+    shapes: tuple[str, ...],
+    wall_time: float | None,
+    seed: int,
+    record: str | None,
+    t4_path: str | None,
+) -> tuple[TuningResult, float | None]:
     from kfoundry.core.commands.eval import parse_params, read_candidate
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.problem import load_problem, parse_shape_overrides
@@ -275,20 +357,41 @@ def _on_device(problem: str, candidate: str, config: Any, extra: TunableSpace | 
 
     store = Store(Path(config.output_dir) / "eval-cache.sqlite")
     try:
-        log.info("tuning %s on %s %s: timing the reference on %s", cand.label or candidate, prob.name, prob.shapes,
-                 config.backend.name)
+        log.info(
+            "tuning %s on %s %s: timing the reference on %s",
+            cand.label or candidate,
+            prob.name,
+            prob.shapes,
+            config.backend.name,
+        )
         with Evaluator(prob, config, store=store) as evaluator:
             space = candidate_space(
-                cand, evaluator.device, prob.space, merge_spaces(extra, cli_space),
-                constants=prob.shapes, problem_block=native_block(prob),
+                cand,
+                evaluator.device,
+                prob.space,
+                merge_spaces(extra, cli_space),
+                constants=prob.shapes,
+                problem_block=native_block(prob),
             )
             total = min(config.tuner.evaluations, space.size)
-            log.info("tuning on %s: %d valid configurations, %d evaluations with %s", evaluator.device.name,
-                     space.size, total, config.tuner.name)
+            log.info(
+                "tuning on %s: %d valid configurations, %d evaluations with %s",
+                evaluator.device.name,
+                space.size,
+                total,
+                config.tuner.name,
+            )
             progress = TrialProgress(total, _terminal())
             result = tune_candidate(
-                evaluator, cand, config.tuner, space=space, wall_time_s=wall_time, seed=seed,
-                record_path=record, t4_path=t4_path, on_trial=on_trial,
+                evaluator,
+                cand,
+                config.tuner,
+                space=space,
+                wall_time_s=wall_time,
+                seed=seed,
+                record_path=record,
+                t4_path=t4_path,
+                on_trial=on_trial,
             )
     finally:
         if progress is not None:

@@ -21,8 +21,18 @@ ALIGN = 64
 DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
-        torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
-        torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
     )
 }
 
@@ -78,8 +88,10 @@ class Arena:
 
     def describe_only(self, values: list[Any]) -> int:
         """A slot whose tensors live elsewhere (the judge's device buffers): no arena bytes, no views."""
-        descriptor = [["tensor", 0, dtype_name(v.dtype), list(v.shape)] if isinstance(v, torch.Tensor) else ["value", v]
-                      for v in values]
+        descriptor = [
+            ["tensor", 0, dtype_name(v.dtype), list(v.shape)] if isinstance(v, torch.Tensor) else ["value", v]
+            for v in values
+        ]
         self.slots.append(Slot(descriptor, [None] * len(values)))
         return len(self.slots) - 1
 
@@ -113,7 +125,9 @@ class Arena:
 def _equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not a.dtype.is_floating_point:
         return False
-    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and bool(
+        torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+    )
 
 
 def view_of(buffer: Any, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:

@@ -16,7 +16,6 @@ _amax = torch.amax
 MIN_POOL = 64
 
 
-
 _TRASH = 2047  # the bin of elements left out (the reference is not finite there)
 
 
@@ -77,4 +76,3 @@ def _envelope(counts: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
     rms = torch.where(pooled_n > 0, ((pq[end + 1] - pq[:-1]) / pooled_n.clamp(min=1)).sqrt(), 0.0)
     rms = torch.where(counts > 0, rms, 0.0)
     return torch.cummax(rms, 0).values
-

@@ -26,7 +26,9 @@ from kfoundry.core.models import Outcome, TimingStats
 MAX_BATCH = 512
 
 
-def calibrate(runner: RunnerHandle, device: str, probe: device_share.IdleProbe | None, rounds: int = 9) -> float | None:
+def calibrate(
+    runner: RunnerHandle, device: str, probe: device_share.IdleProbe | None, rounds: int = 9
+) -> float | None:
     """What one clocked exchange of one device-timed empty call costs beyond its events (ms), measured
     before any candidate code has run in the runner (so nothing can inflate it).
 
@@ -46,8 +48,9 @@ def calibrate(runner: RunnerHandle, device: str, probe: device_share.IdleProbe |
     return sorted(extra)[len(extra) // 2]
 
 
-def calibrate_calls(runner: RunnerHandle, probe: device_share.IdleProbe | None, calls: int = 16,
-                     rounds: int = 7) -> tuple[float, float, float] | None:
+def calibrate_calls(
+    runner: RunnerHandle, probe: device_share.IdleProbe | None, calls: int = 16, rounds: int = 7
+) -> tuple[float, float, float] | None:
     """What one timed call costs on the judge's clock beyond its device events, on the runner's real call
     path with a trusted forward (an output allocation and a no-op launch), before any candidate code
     runs: the difference of exchanges of ``calls`` and ``2 * calls`` calls, so no fixed cost is in it;
@@ -81,8 +84,12 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
         # on a GPU a batch must be long enough for the judge's clock to matter: up to DEVICE_ROTATE_SHARE
         # of the free device memory (at most DEVICE_ROTATE_MAX) in distinct input sets
         free, _total = torch.cuda.mem_get_info()
-        capacity_sets = int(max(capacity_sets, min(MAX_BATCH, min(DEVICE_ROTATE_MAX, free * DEVICE_ROTATE_SHARE) // per_set)))
-    judge.open_arena(4096 if judge.shared is not None else capacity_sets * (per_set + 64 * (len(sample) + 1)) + 4096)
+        capacity_sets = int(
+            max(capacity_sets, min(MAX_BATCH, min(DEVICE_ROTATE_MAX, free * DEVICE_ROTATE_SHARE) // per_set))
+        )
+    judge.open_arena(
+        4096 if judge.shared is not None else capacity_sets * (per_set + 64 * (len(sample) + 1)) + 4096
+    )
     slots = judge.add_slots([sample])
     current = [sample]
     rng = secrets.SystemRandom()
@@ -112,7 +119,9 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
     batch = int(min(capacity_sets, max(1, -(-ev.batch_time_s // max(per_call, 1e-9)))))
     # batches of b and 2b calls: the difference of the judge's clock over them has no fixed cost in it
     # (the independent method; on a device also the judge's check on the device events)
-    device_clock = judge.device != "cpu" and judge.timer_overhead_ms is not None and judge.exchange_ms is not None
+    device_clock = (
+        judge.device != "cpu" and judge.timer_overhead_ms is not None and judge.exchange_ms is not None
+    )
     paired = (differential or device_clock) and capacity_sets >= 2
     if paired:
         if device_clock and not differential:
@@ -124,10 +133,14 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
             batch = int(min(capacity_sets, batch))
         batch = max(2, batch - batch % 2)
     if batch > len(slots):
-        more = [variant.problem.make_inputs(secrets.randbits(31), judge.device) for _ in range(batch - len(slots))]
+        more = [
+            variant.problem.make_inputs(secrets.randbits(31), judge.device) for _ in range(batch - len(slots))
+        ]
         slots += judge.add_slots(more)
     slots = slots[:batch]
-    repeats = int(min(ev.max_repeats, max(ev.min_repeats, -(-ev.target_time_s // max(per_call * batch, 1e-9)))))
+    repeats = int(
+        min(ev.max_repeats, max(ev.min_repeats, -(-ev.target_time_s // max(per_call * batch, 1e-9))))
+    )
     # Fresh inputs for every call can cost more than the calls (a vector add draws its inputs slower than
     # it adds them): drawing gets at most twice the measuring time, never fewer than min_repeats batches.
     affordable = int(2 * ev.target_time_s // max(per_draw * batch, 1e-9))
@@ -150,7 +163,9 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
         current = refill(slots)
         described, ns, reply = judge.call(0, slots, "while timed", device_timing)
         if paired:
-            overhead = judge.timer_overhead_ms if device_timing and judge.timer_overhead_ms is not None else 0.0
+            overhead = (
+                judge.timer_overhead_ms if device_timing and judge.timer_overhead_ms is not None else 0.0
+            )
             samples.append(max((ns - small_ns) / 1e6 / (batch - half) - overhead, 1e-6))
             if judge.exchange_fixed_ms is not None:
                 # the large batch alone, less the trusted exchange's fixed cost (and a slack for honest
@@ -173,11 +188,20 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
             _, verdict = judge.check_call(variant, slots[k], current[k], described[k], k, refs, ref64)
             verified += 1
             if verdict is not None:
-                raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
-                    f"wrong while timed (call {k + 1} of batch {r + 1}; results cached, work skipped or left "
-                    f"running): {verdict.message}")))
+                raise JobFailed(
+                    JobResult(
+                        outcome=Outcome.rejected,
+                        message=(
+                            f"wrong while timed (call {k + 1} of batch {r + 1}; results cached, work skipped or left "
+                            f"running): {verdict.message}"
+                        ),
+                    )
+                )
     if pairs:
-        judge.log.append(f"clock pairs (b={batch // 2}; judge ms b/2b, events ms b/2b, runner phases 2b): " + "; ".join(pairs))
+        judge.log.append(
+            f"clock pairs (b={batch // 2}; judge ms b/2b, events ms b/2b, runner phases 2b): "
+            + "; ".join(pairs)
+        )
     if paired and not differential and judge.job.kind == "reference" and events:
         # no candidate code runs in a reference job's runner: its events are the trusted device clock
         judge.clock_used = "events"
@@ -192,13 +216,20 @@ def time_candidate(judge: Judge, verify: bool) -> tuple[TimingStats, int, int]:
 PAIRS_LOGGED = 6
 
 
-def _pair_line(small_ns: int, ns: int, small_reply: dict[str, Any], reply: dict[str, Any], phases: list[float]) -> str:
+def _pair_line(
+    small_ns: int, ns: int, small_reply: dict[str, Any], reply: dict[str, Any], phases: list[float]
+) -> str:
     """One batch pair's raw times for the log: judge's clock and summed events of b and 2b calls."""
+
     def events(r: dict[str, Any]) -> str:
         ms = r.get("device_ms")
-        return f"{sum(ms):.3f}" if isinstance(ms, list) and all(isinstance(x, (int, float)) for x in ms) else "-"
-    return (f"{small_ns / 1e6:.3f}/{ns / 1e6:.3f}, {events(small_reply)}/{events(reply)}, "
-            + "/".join(f"{x:.2f}" for x in phases))
+        return (
+            f"{sum(ms):.3f}" if isinstance(ms, list) and all(isinstance(x, (int, float)) for x in ms) else "-"
+        )
+
+    return f"{small_ns / 1e6:.3f}/{ns / 1e6:.3f}, {events(small_reply)}/{events(reply)}, " + "/".join(
+        f"{x:.2f}" for x in phases
+    )
 
 
 def _event_samples(device_ms: Any, calls: int) -> list[float]:
@@ -223,7 +254,9 @@ def median_error(values: list[float]) -> float:
     return 1.2533 * 1.4826 * mad / math.sqrt(len(values))
 
 
-def _device_or_judge(judge: Judge, events: list[float], clocked: list[float], totals: list[float] | None = None) -> list[float]:
+def _device_or_judge(
+    judge: Judge, events: list[float], clocked: list[float], totals: list[float] | None = None
+) -> list[float]:
     """The device events' per-call times, if the judge's clocks confirm them, else the judge's own.
 
     ``clocked`` are the judge's per-call times from pairs of batches of b and 2b calls (their difference:
@@ -250,13 +283,16 @@ def _device_or_judge(judge: Judge, events: list[float], clocked: list[float], to
         median = _median(clock)
         error = math.hypot(median_error(clock), calibration)
         allowed = ev_median * (1 + DEVICE_SHARE) + DEVICE_SIGMAS * min(error, noise_cap)
-        judge.log.append(f"judge's {name} clock {median:.4f} ms per call (standard error {error:.4f} with the "
-                         f"calibration's) against device events {ev_median:.4f} ms, allowed {allowed:.4f} "
-                         f"({len(clock)} batches, {len(events)} events)")
+        judge.log.append(
+            f"judge's {name} clock {median:.4f} ms per call (standard error {error:.4f} with the "
+            f"calibration's) against device events {ev_median:.4f} ms, allowed {allowed:.4f} "
+            f"({len(clock)} batches, {len(events)} events)"
+        )
         confirmed = median <= allowed
         if not confirmed:
-            judge.disagreement_samples.append(f"{name} {median:.4f} ms, events {ev_median:.4f} ms per call, "
-                                              f"allowed {allowed:.4f}")
+            judge.disagreement_samples.append(
+                f"{name} {median:.4f} ms, events {ev_median:.4f} ms per call, allowed {allowed:.4f}"
+            )
         verdicts.append((name, clock, confirmed))
     if all(confirmed for _, _, confirmed in verdicts):
         judge.clock_used = "events"
@@ -301,7 +337,11 @@ def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> fl
         return host
     charged = max(wall_ms - exchange - (batch - 1) * overhead, 1e-6)
     events = None
-    if isinstance(device_ms, list) and len(device_ms) == batch and all(isinstance(x, (int, float)) for x in device_ms):
+    if (
+        isinstance(device_ms, list)
+        and len(device_ms) == batch
+        and all(isinstance(x, (int, float)) for x in device_ms)
+    ):
         events = float(sum(device_ms))
     if events is None or not 0 < events <= wall_ms:
         judge.clock_disagreements += 1
@@ -312,8 +352,9 @@ def _per_call_ms(wall_ms: float, batch: int, device_ms: Any, judge: Judge) -> fl
     if charged > events * (1 + DEVICE_SHARE) + DEVICE_PER_CALL_MS * batch + DEVICE_PER_BATCH_MS:
         judge.clock_disagreements += 1
         if len(judge.disagreement_samples) < 3:
-            judge.disagreement_samples.append(f"{batch} calls: judge {charged:.3f} ms net of overheads, "
-                                              f"events {events:.3f} ms, runner says {judge.last_phases} ms")
+            judge.disagreement_samples.append(
+                f"{batch} calls: judge {charged:.3f} ms net of overheads, "
+                f"events {events:.3f} ms, runner says {judge.last_phases} ms"
+            )
         return charged / batch
     return events / batch
-

@@ -79,7 +79,6 @@ __all__ = [
 _uid = NOBODY
 
 
-
 def confine(plan: ConfinementPlan) -> ConfinementReport:
     """Confine the calling (single-threaded, freshly forked) process; never raises for a missing facility."""
     global _uid
@@ -271,5 +270,3 @@ def warn_missing_once(report: ConfinementReport) -> None:
 
 
 # --- probe -------------------------------------------------------------------------------------
-
-

@@ -121,4 +121,3 @@ def env_allowed(name: str, allow: Iterable[str]) -> bool:
     if any(word in upper for word in ENV_DENY):
         return False
     return any(name.startswith(a[:-1]) if a.endswith("*") else name == a for a in allow)
-

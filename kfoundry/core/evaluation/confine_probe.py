@@ -174,4 +174,3 @@ def probe() -> list[Protection]:
     os.waitpid(pid, 0)
     found = {name: (ok, detail) for name, ok, detail in json.loads(raw or b"[]")}
     return [Protection(n, *found.get(n, (False, "the probe died before testing it"))) for n in PROTECTIONS]
-

@@ -35,7 +35,9 @@ class Trial:
 
 def _trial_list(job: EvalJob, plan: TrialPlan) -> list[Trial]:
     base = [Trial(0, "problem", True, f"trial {i}") for i in range(job.evaluation.trials)]
-    structured = [Trial(s.variant, s.distribution, s.aligned, s.label or _spec_label(s)) for s in plan.structured]
+    structured = [
+        Trial(s.variant, s.distribution, s.aligned, s.label or _spec_label(s)) for s in plan.structured
+    ]
     return base + structured
 
 
@@ -114,6 +116,7 @@ def run_correctness(judge: Judge, plan: TrialPlan) -> str:
     if plan.fixed_shape_reason:
         judge.log.append(f"no other shapes tried: {plan.fixed_shape_reason}")
     fixed = f", fixed: {plan.fixed_shape_reason}" if plan.fixed_shape_reason else ""
-    return (f"correct on {counts['trials']} trials ({len(shapes)} shape set{'s' if len(shapes) != 1 else ''}{fixed}; "
-            f"inputs: {', '.join(sorted(kinds))})")
-
+    return (
+        f"correct on {counts['trials']} trials ({len(shapes)} shape set{'s' if len(shapes) != 1 else ''}{fixed}; "
+        f"inputs: {', '.join(sorted(kinds))})"
+    )

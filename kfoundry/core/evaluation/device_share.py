@@ -58,9 +58,18 @@ class _CudaArray:
     """``__cuda_array_interface__`` over a raw device pointer (torch wraps it without a copy)."""
 
     _TYPESTR = {
-        torch.float16: "<f2", torch.bfloat16: "<V2", torch.float32: "<f4", torch.float64: "<f8",
-        torch.int8: "|i1", torch.uint8: "|u1", torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8",
-        torch.bool: "|b1", torch.complex64: "<c8", torch.complex128: "<c16",
+        torch.float16: "<f2",
+        torch.bfloat16: "<V2",
+        torch.float32: "<f4",
+        torch.float64: "<f8",
+        torch.int8: "|i1",
+        torch.uint8: "|u1",
+        torch.int16: "<i2",
+        torch.int32: "<i4",
+        torch.int64: "<i8",
+        torch.bool: "|b1",
+        torch.complex64: "<c8",
+        torch.complex128: "<c16",
     }
 
     def __init__(self, ptr: int, dtype: torch.dtype, shape: list[int], stride: list[int] | None) -> None:
@@ -74,10 +83,14 @@ class _CudaArray:
         }
 
 
-def wrap(ptr: int, dtype: torch.dtype, shape: list[int], stride: list[int] | None, device: str) -> torch.Tensor:
+def wrap(
+    ptr: int, dtype: torch.dtype, shape: list[int], stride: list[int] | None, device: str
+) -> torch.Tensor:
     """A torch tensor over device memory at ``ptr`` (no copy)."""
     if dtype == torch.bfloat16:  # no CAI type string for bfloat16: wrap as int16 and reinterpret
-        return torch.as_tensor(_CudaArray(ptr, torch.int16, shape, stride), device=device).view(torch.bfloat16)
+        return torch.as_tensor(_CudaArray(ptr, torch.int16, shape, stride), device=device).view(
+            torch.bfloat16
+        )
     return torch.as_tensor(_CudaArray(ptr, dtype, shape, stride), device=device)
 
 
@@ -143,14 +156,20 @@ class JudgeBuffers:
         self.buffers = []
 
 
-def read_shared(share: Any, dtype: torch.dtype, shape: list[int], stride: list[int], device: str) -> torch.Tensor:
+def read_shared(
+    share: Any, dtype: torch.dtype, shape: list[int], stride: list[int], device: str
+) -> torch.Tensor:
     """Copy a runner's output out of its memory through the IPC handle it named (runner frozen).
 
     ``share`` is ``[handle, offset, allocation size]`` from :func:`export`; the span the strides reach
     must lie inside the allocation.
     """
-    if not (isinstance(share, list) and len(share) == 3 and isinstance(share[0], str)
-            and all(isinstance(x, int) and x >= 0 for x in share[1:])):
+    if not (
+        isinstance(share, list)
+        and len(share) == 3
+        and isinstance(share[0], str)
+        and all(isinstance(x, int) and x >= 0 for x in share[1:])
+    ):
         raise ShareError("malformed output share")
     handle_text, offset, size = share
     itemsize = torch.empty((), dtype=dtype).element_size()

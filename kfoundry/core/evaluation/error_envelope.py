@@ -84,8 +84,6 @@ RMS_ULPS = 64.0
 LOW_PRECISION_BOUNDS = (16.0, 1.0, 2.0)
 
 
-
-
 @dataclass
 class Assessment:
     """The calibrated criterion's numbers for one output (``compare_output`` turns them into a verdict)."""
@@ -104,7 +102,9 @@ class Assessment:
     @property
     def rms_ratio(self) -> float:
         """rms(e_out) / the RMS bound (> 1 fails)."""
-        return self.rms_error / self.rms_bound if self.rms_bound > 0 else (math.inf if self.rms_error else 0.0)
+        return (
+            self.rms_error / self.rms_bound if self.rms_bound > 0 else (math.inf if self.rms_error else 0.0)
+        )
 
     @property
     def worst(self) -> float:
@@ -365,4 +365,3 @@ def _calibrated_verdict(index: int, errors: _Errors) -> Verdict | None:
             f"got {_fmt(flat_out[at].item())}, expected {_fmt(flat64[at].item())})",
         )
     return None
-

@@ -66,8 +66,11 @@ def _warn_unprotected(result: JobResult) -> None:
         return
     _warned.update(missing)
     why = "; ".join(result.sandbox_notes)[:300]
-    print(f"kfoundry: warning: sandbox protection not in force here: {', '.join(missing)}"
-          + (f" ({why})" if why else ""), file=sys.stderr)
+    print(
+        f"kfoundry: warning: sandbox protection not in force here: {', '.join(missing)}"
+        + (f" ({why})" if why else ""),
+        file=sys.stderr,
+    )
 
 
 class Evaluator:
@@ -113,8 +116,14 @@ class Evaluator:
         """Cache key: candidate content, problem, backend, device, toolchain and tolerances."""
         ev = self.config.evaluation
         return stable_hash(
-            candidate.content_hash, self.problem.key, self.backend.name, self._device.key, self.toolchain,
-            ev.trials, ev.atol, ev.rtol,
+            candidate.content_hash,
+            self.problem.key,
+            self.backend.name,
+            self._device.key,
+            self.toolchain,
+            ev.trials,
+            ev.atol,
+            ev.rtol,
         )
 
     # -- jobs -----------------------------------------------------------------------------------
@@ -158,13 +167,21 @@ class Evaluator:
 
     def _precheck(self, candidate: Candidate, key: str) -> EvalRecord | None:
         if candidate.language != self.backend.language:
-            return self._record(candidate, key, JobResult(
-                outcome=Outcome.compile_error,
-                message=f"candidate is {candidate.language}, backend {self.backend.name} compiles {self.backend.language}",
-            ))
+            return self._record(
+                candidate,
+                key,
+                JobResult(
+                    outcome=Outcome.compile_error,
+                    message=f"candidate is {candidate.language}, backend {self.backend.name} compiles {self.backend.language}",
+                ),
+            )
         reasons = check_source(candidate) + hooks.static_checks(candidate, self.problem.name)
         if reasons:
-            return self._record(candidate, key, JobResult(outcome=Outcome.rejected, message="static check: " + "; ".join(reasons)))
+            return self._record(
+                candidate,
+                key,
+                JobResult(outcome=Outcome.rejected, message="static check: " + "; ".join(reasons)),
+            )
         return None
 
     def _record(self, candidate: Candidate, key: str, result: JobResult) -> EvalRecord:
@@ -188,7 +205,9 @@ class Evaluator:
             record.reference_timing = ref
             record.speedup = ref.median_ms / result.timing.median_ms
             a = self.problem.analysis()
-            record.roofline_fraction = roofline_fraction(self._device, result.timing.median_ms / 1e3, a.bytes_moved, a.flops)
+            record.roofline_fraction = roofline_fraction(
+                self._device, result.timing.median_ms / 1e3, a.bytes_moved, a.flops
+            )
             over_roof = record.roofline_fraction is not None and record.roofline_fraction > 1.0
             record.roofline_flag = over_roof or record.speedup > self.config.evaluation.flag_speedup_above
         return record
@@ -234,7 +253,9 @@ class Evaluator:
             if early is not None:
                 done(i, self._finish(candidate, early))
                 continue
-            cached = self.store.cached_evaluation(key) if self.store and self.config.evaluation.cache else None
+            cached = (
+                self.store.cached_evaluation(key) if self.store and self.config.evaluation.cache else None
+            )
             if cached is not None:
                 done(i, self._finish(candidate, cached))
             else:
@@ -268,14 +289,21 @@ class Evaluator:
         assert first.timing is not None
         second = self.executor.run([self._job("evaluate", candidate)])[0]
         if second.outcome is not Outcome.correct or second.timing is None:
-            return JobResult(outcome=Outcome.rejected, log=second.log, message=(
-                f"its device events were not confirmed, and re-timed in a fresh job it failed: {second.message}"))
+            return JobResult(
+                outcome=Outcome.rejected,
+                log=second.log,
+                message=(
+                    f"its device events were not confirmed, and re-timed in a fresh job it failed: {second.message}"
+                ),
+            )
         if second.clock == "events":
             note = f"; re-timed in a fresh job (the first job's clock did not confirm its events, {first.timing.median_ms:.4g} ms)"
             return second.model_copy(update={"message": second.message + note})
         best = min((first, second), key=lambda r: r.timing.median_ms if r.timing else float("inf"))
-        note = ("; timed by the judge's clock: the device events were not confirmed in two jobs "
-                f"({first.timing.median_ms:.4g} and {second.timing.median_ms:.4g} ms per call)")
+        note = (
+            "; timed by the judge's clock: the device events were not confirmed in two jobs "
+            f"({first.timing.median_ms:.4g} and {second.timing.median_ms:.4g} ms per call)"
+        )
         return best.model_copy(update={"message": best.message + note})
 
     def _remeasure(self, candidate: Candidate, key: str, first: EvalRecord) -> EvalRecord:
@@ -289,19 +317,45 @@ class Evaluator:
         job = self._job("evaluate", candidate).model_copy(update={"timing_method": "differential"})
         second = self.executor.run([job])[0]
         if second.outcome is not Outcome.correct or second.timing is None:
-            return self._record(candidate, key, JobResult(outcome=Outcome.rejected, log=second.log, message=(
-                f"flagged ({first.speedup:.1f}x) and re-measured by the differential method: {second.message}")))
+            return self._record(
+                candidate,
+                key,
+                JobResult(
+                    outcome=Outcome.rejected,
+                    log=second.log,
+                    message=(
+                        f"flagged ({first.speedup:.1f}x) and re-measured by the differential method: {second.message}"
+                    ),
+                ),
+            )
         ratio = second.timing.median_ms / first.timing.median_ms
         if ratio > REMEASURE_TOLERANCE:
-            return self._record(candidate, key, JobResult(outcome=Outcome.rejected, log=first.log, message=(
-                f"flagged ({first.speedup:.1f}x) and re-measured: the differential method took "
-                f"{second.timing.median_ms:.4g} ms per call, {ratio:.2f}x the first measurement "
-                f"({first.timing.median_ms:.4g} ms): the two timing methods disagree")))
+            return self._record(
+                candidate,
+                key,
+                JobResult(
+                    outcome=Outcome.rejected,
+                    log=first.log,
+                    message=(
+                        f"flagged ({first.speedup:.1f}x) and re-measured: the differential method took "
+                        f"{second.timing.median_ms:.4g} ms per call, {ratio:.2f}x the first measurement "
+                        f"({first.timing.median_ms:.4g} ms): the two timing methods disagree"
+                    ),
+                ),
+            )
         # the first (standard) time stays: the differential one is the cross-check, coarser on a GPU
-        result = JobResult(outcome=Outcome.correct, message=first.message + (
-            f"; flagged, re-measured by the differential method: {second.timing.median_ms:.4g} ms per call "
-            f"({ratio:.2f}x)"), log=first.log, timing=first.timing,
-            compile_time_s=first.compile_time_s, resources=first.resources)
+        result = JobResult(
+            outcome=Outcome.correct,
+            message=first.message
+            + (
+                f"; flagged, re-measured by the differential method: {second.timing.median_ms:.4g} ms per call "
+                f"({ratio:.2f}x)"
+            ),
+            log=first.log,
+            timing=first.timing,
+            compile_time_s=first.compile_time_s,
+            resources=first.resources,
+        )
         return self._record(candidate, key, result)
 
     def close(self) -> None:

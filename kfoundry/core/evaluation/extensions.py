@@ -33,8 +33,14 @@ _SYSTEM_PREFIXES = ("/usr/", "/lib/", "/lib64/", "/opt/", "/etc/", "/bin/", "/sb
 
 
 def _installation_prefixes() -> tuple[str, ...]:
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["purelib"],
-             sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    roots = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+        *site.getsitepackages(),
+    }
     return tuple(sorted({str(Path(r).resolve()) + "/" for r in roots if r})) + _SYSTEM_PREFIXES
 
 
@@ -108,7 +114,9 @@ def _symbols(data_path: str) -> tuple[list[str], bytes]:
             elf = ELFFile(handle)
             for section in elf.iter_sections():
                 if isinstance(section, SymbolTableSection) and section.name == ".dynsym":
-                    names.extend(s.name for s in section.iter_symbols() if s.name and s["st_shndx"] == "SHN_UNDEF")
+                    names.extend(
+                        s.name for s in section.iter_symbols() if s.name and s["st_shndx"] == "SHN_UNDEF"
+                    )
     except (ELFError, ValueError, OSError):
         pass
     return names, raw
@@ -144,6 +152,8 @@ def inspect_runner(pid: int, done: set[str]) -> Inspection:
         bad = offending_symbols(names) or sorted({s.decode() for s in _STRINGS.findall(raw)})[:5]
         if bad and result.offence is None:
             shown = ", ".join(bad[:5])
-            result.offence = (f"native code the candidate built ({Path(m.path.split(' ')[0]).name}) computes with a "
-                              f"library ({shown}): compute must run in the candidate's own kernels")
+            result.offence = (
+                f"native code the candidate built ({Path(m.path.split(' ')[0]).name}) computes with a "
+                f"library ({shown}): compute must run in the candidate's own kernels"
+            )
     return result

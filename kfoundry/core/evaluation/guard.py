@@ -20,14 +20,63 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 #: Operators a forward may run: allocation, views, copies and shape bookkeeping.
 ALLOWED_OPS = {
-    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "zeros", "zeros_like",
-    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "zero_",
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "detach", "alias", "t", "transpose", "permute",
-    "expand", "contiguous", "clone", "copy_", "_to_copy", "as_strided", "squeeze", "unsqueeze",
-    "flatten", "unflatten", "select", "slice", "split", "split_with_sizes", "chunk", "unbind", "narrow",
-    "lift_fresh", "lift_fresh_copy", "view_as", "expand_as", "resize_", "arange", "scalar_tensor",
-    "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
-    "_has_compatible_shallow_copy_type", "set_",
+    "empty",
+    "empty_like",
+    "new_empty",
+    "empty_strided",
+    "new_empty_strided",
+    "zeros",
+    "zeros_like",
+    "new_zeros",
+    "ones",
+    "ones_like",
+    "new_ones",
+    "full",
+    "full_like",
+    "new_full",
+    "fill_",
+    "zero_",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "_reshape_alias",
+    "detach",
+    "alias",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "contiguous",
+    "clone",
+    "copy_",
+    "_to_copy",
+    "as_strided",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "unflatten",
+    "select",
+    "slice",
+    "split",
+    "split_with_sizes",
+    "chunk",
+    "unbind",
+    "narrow",
+    "lift_fresh",
+    "lift_fresh_copy",
+    "view_as",
+    "expand_as",
+    "resize_",
+    "arange",
+    "scalar_tensor",
+    "_local_scalar_dense",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "is_same_size",
+    "_has_compatible_shallow_copy_type",
+    "set_",
 }
 
 _FRESH = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
@@ -60,13 +109,19 @@ class ForwardGuard(TorchDispatchMode):
         def record(original: Any) -> Any:
             def started(function: Any, *args: Any, **kwargs: Any) -> Any:
                 thread = getattr(function, "__self__", None)  # threading.Thread.start passes its _bootstrap
-                self.threads.append(str(getattr(thread, "name", None) or getattr(function, "__name__", "a thread")))
+                self.threads.append(
+                    str(getattr(thread, "name", None) or getattr(function, "__name__", "a thread"))
+                )
                 return original(function, *args, **kwargs)
 
             return started
 
         # threading.Thread.start goes through threading._start_new_thread (3.13: _start_joinable_thread)
-        routes = ((threading, "_start_new_thread"), (threading, "_start_joinable_thread"), (_thread, "start_new_thread"))
+        routes = (
+            (threading, "_start_new_thread"),
+            (threading, "_start_joinable_thread"),
+            (_thread, "start_new_thread"),
+        )
         for owner, name in routes:
             original = getattr(owner, name, None)
             if original is not None:

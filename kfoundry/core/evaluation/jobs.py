@@ -72,5 +72,7 @@ def describe_exit(status: int | None, vanished: str, unfinished: str = "") -> st
             name = f"signal {sig}"
         # the memory limit is an address-space rlimit (a MemoryError, not a signal): SIGKILL comes from
         # the kernel's out-of-memory killer or from outside the sandbox, and nothing here tells which
-        return f"killed by {name}" + (" (out of memory, or killed from outside the sandbox)" if sig == signal.SIGKILL else "")
+        return f"killed by {name}" + (
+            " (out of memory, or killed from outside the sandbox)" if sig == signal.SIGKILL else ""
+        )
     return f"exited with status {os.WEXITSTATUS(status)}{unfinished}"

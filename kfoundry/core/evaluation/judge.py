@@ -128,9 +128,13 @@ class Judge:
         if self.shared is not None:
             shared = self.shared
             for i, v in zip(ids, values, strict=True):
-                self.owned[i] = [shared.allocate(a, aligned) if isinstance(a, torch.Tensor) else None for a in v]
+                self.owned[i] = [
+                    shared.allocate(a, aligned) if isinstance(a, torch.Tensor) else None for a in v
+                ]
             self._write_owned(ids, values)
-            message["device"] = [[b.descriptor() if b is not None else None for b in self.owned[i]] for i in ids]
+            message["device"] = [
+                [b.descriptor() if b is not None else None for b in self.owned[i]] for i in ids
+            ]
         reply, _ = self.runner.exchange(message)
         self._expect_ok(reply, "building argument views")
         if self.device != "cpu" and self.shared is None:
@@ -180,15 +184,29 @@ class Judge:
         if reply.get("ok") is not True:
             raise JobFailed(self._error_result(reply, what))
         outs = reply.get("outs")
-        if not isinstance(outs, list) or len(outs) != len(order) or not all(isinstance(o, list) for o in outs):
-            raise JobFailed(JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed"))
+        if (
+            not isinstance(outs, list)
+            or len(outs) != len(order)
+            or not all(isinstance(o, list) for o in outs)
+        ):
+            raise JobFailed(
+                JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed")
+            )
         if self.shared is not None:
             shares = reply.get("shares")
-            if not isinstance(shares, list) or len(shares) != len(order) or not all(isinstance(x, list) for x in shares):
-                raise JobFailed(JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed"))
+            if (
+                not isinstance(shares, list)
+                or len(shares) != len(order)
+                or not all(isinstance(x, list) for x in shares)
+            ):
+                raise JobFailed(
+                    JobResult(outcome=Outcome.rejected, message=f"{what}: the runner's answer is malformed")
+                )
             self.last_shares = shares
         phases = reply.get("phase_ms")
-        self.last_phases = [float(x) for x in phases[:4] if isinstance(x, (int, float))] if isinstance(phases, list) else []
+        self.last_phases = (
+            [float(x) for x in phases[:4] if isinstance(x, (int, float))] if isinstance(phases, list) else []
+        )
         self._policy(reply, what)
         return outs, elapsed, reply
 
@@ -196,20 +214,38 @@ class Judge:
         forbidden = [str(x) for x in reply.get("forbidden", []) or []][:10]
         threads = [str(x) for x in reply.get("threads", []) or []][:10]
         if forbidden:
-            raise JobFailed(JobResult(outcome=Outcome.rejected,
-                                      message=f"forward computes with torch ({', '.join(forbidden)}): compute must run in a kernel"))
+            raise JobFailed(
+                JobResult(
+                    outcome=Outcome.rejected,
+                    message=f"forward computes with torch ({', '.join(forbidden)}): compute must run in a kernel",
+                )
+            )
         launches = reply.get("launches")
         if self.job.kind == "evaluate" and isinstance(launches, int) and launches < 1:
-            raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
-                f"{what}: forward launched no kernel: the work must run in the candidate's kernels")))
+            raise JobFailed(
+                JobResult(
+                    outcome=Outcome.rejected,
+                    message=(
+                        f"{what}: forward launched no kernel: the work must run in the candidate's kernels"
+                    ),
+                )
+            )
         if threads:
             names = ", ".join(dict.fromkeys(threads))
-            raise JobFailed(JobResult(outcome=Outcome.rejected, message=(
-                f"{what}: forward started a thread ({names}): work that can finish after the clock stops is not allowed")))
+            raise JobFailed(
+                JobResult(
+                    outcome=Outcome.rejected,
+                    message=(
+                        f"{what}: forward started a thread ({names}): work that can finish after the clock stops is not allowed"
+                    ),
+                )
+            )
 
     # -- reading outputs --------------------------------------------------------------------------
 
-    def read_outputs(self, described: list[list[Any]], refs: list[Any], call_index: int) -> list[Any] | Verdict:
+    def read_outputs(
+        self, described: list[list[Any]], refs: list[Any], call_index: int
+    ) -> list[Any] | Verdict:
         """The outputs the runner named, read from its frozen memory (or a Verdict if they cannot be)."""
         if len(described) != len(refs):
             return Verdict(Outcome.wrong_shape, f"returned {len(described)} outputs, expected {len(refs)}")
@@ -246,7 +282,11 @@ class Judge:
             span = (sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1) * itemsize
             if span > numel * itemsize + _SPAN_SLACK:
                 return Verdict(Outcome.rejected, f"output {i} spans {span} bytes for {numel} elements")
-            if dev_d[-1] == "cpu" and procmem.overlaps(maps, ARENA_NAME, address, address + span) and not _aliases(ref):
+            if (
+                dev_d[-1] == "cpu"
+                and procmem.overlaps(maps, ARENA_NAME, address, address + span)
+                and not _aliases(ref)
+            ):
                 return Verdict(Outcome.rejected, f"output {i} aliases an input (the reference's does not)")
             try:
                 raw = procmem.read_memory(self.runner.pid, address, span)
@@ -259,7 +299,9 @@ class Judge:
             outs.append(tensor.to(self.device) if self.device != "cpu" else tensor)
         return outs
 
-    def _read_shared(self, described: list[list[Any]], refs: list[Any], call_index: int) -> list[Any] | Verdict:
+    def _read_shared(
+        self, described: list[list[Any]], refs: list[Any], call_index: int
+    ) -> list[Any] | Verdict:
         """Outputs copied out of the frozen runner's device memory through the IPC handles it named."""
         shares = self.last_shares[call_index] if 0 <= call_index < len(self.last_shares) else None
         if not isinstance(shares, list) or len(shares) != len(described):
@@ -279,10 +321,17 @@ class Judge:
                 outs.append(torch.empty(ref.shape, dtype=ref.dtype, device=self.device))
                 continue
             if share is None:
-                return Verdict(Outcome.rejected, (f"output {i} is not in a device allocation of the candidate's own "
-                                                  "(an input's memory, or memory that cannot be shared)"))
+                return Verdict(
+                    Outcome.rejected,
+                    (
+                        f"output {i} is not in a device allocation of the candidate's own "
+                        "(an input's memory, or memory that cannot be shared)"
+                    ),
+                )
             try:
-                outs.append(device_share.read_shared(share, ref.dtype, list(shape), list(stride), self.device))
+                outs.append(
+                    device_share.read_shared(share, ref.dtype, list(shape), list(stride), self.device)
+                )
             except device_share.ShareError as exc:
                 return Verdict(Outcome.rejected, f"output {i}: {exc}")
         return outs
@@ -296,8 +345,11 @@ class Judge:
             if buffer is None:
                 continue
             now, was = buffer.tensor, value.detach().reshape(buffer.tensor.shape)
-            if not torch.equal(now, was) and not (now.dtype.is_floating_point and torch.equal(now.isnan(), was.isnan())
-                                                  and torch.equal(now.nan_to_num(), was.nan_to_num())):
+            if not torch.equal(now, was) and not (
+                now.dtype.is_floating_point
+                and torch.equal(now.isnan(), was.isnan())
+                and torch.equal(now.nan_to_num(), was.nan_to_num())
+            ):
                 return i
         return None
 
@@ -309,8 +361,14 @@ class Judge:
         return refs, float64_reference(variant.reference, inputs)
 
     def check_call(
-        self, variant: Variant, slot: int, inputs: list[Any], described: list[list[Any]], call_index: int,
-        refs: list[Any], ref64: list[Any] | None,
+        self,
+        variant: Variant,
+        slot: int,
+        inputs: list[Any],
+        described: list[list[Any]],
+        call_index: int,
+        refs: list[Any],
+        ref64: list[Any] | None,
     ) -> tuple[list[Any] | None, Verdict | None]:
         outs = self.read_outputs(described, refs, call_index)
         if isinstance(outs, Verdict):
@@ -335,7 +393,10 @@ def check_description(i: int, d: Any, ref: torch.Tensor) -> Verdict | tuple[int,
     if list(shape) != list(ref.shape):
         return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(shape)}, expected {list(ref.shape)}")
     if DTYPES[dtype] != ref.dtype:
-        return Verdict(Outcome.mismatch, f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}")
+        return Verdict(
+            Outcome.mismatch,
+            f"output {i} has dtype {dtype}, expected {str(ref.dtype).removeprefix('torch.')}",
+        )
     if ref.numel() and any(st < 0 for st in stride):
         return Verdict(Outcome.rejected, f"output {i} has negative strides")
     return address, list(shape), list(stride), str(where)
@@ -348,6 +409,7 @@ def _ints(values: Any) -> bool:
 def _aliases(ref: torch.Tensor) -> bool:
     """Whether the reference's own output shares memory with an input (then aliasing is honest)."""
     return bool(getattr(ref, "_kf_aliases_input", False))
+
 
 def mark_aliasing(refs: list[Any], inputs: list[Any]) -> None:
     storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}

@@ -18,7 +18,6 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 
 
-
 CLONE_NEWUTS = 0x04000000
 
 
@@ -120,4 +119,3 @@ def new_pid_namespace() -> bool:
     except OSError:
         return False
     return True
-

@@ -153,4 +153,3 @@ def kill_tree(pid: int) -> None:
     members = tree_members(pid)
     _signal_all(members[:1], signal.SIGKILL)
     _signal_all(members[1:], signal.SIGKILL)
-

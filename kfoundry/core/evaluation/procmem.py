@@ -43,7 +43,9 @@ def read_memory(pid: int, address: int, nbytes: int) -> bytearray:
             try:
                 n = os.preadv(fd, [view[done:]], address + done)
             except OSError as exc:
-                raise MemoryReadError(f"address {address + done:#x} is not readable in the runner: {exc.strerror}") from None
+                raise MemoryReadError(
+                    f"address {address + done:#x} is not readable in the runner: {exc.strerror}"
+                ) from None
             if n <= 0:
                 raise MemoryReadError(f"address {address + done:#x} is not readable in the runner")
             done += n

@@ -299,4 +299,3 @@ def _fallback_scratch(was_root: bool, uid: int) -> str:
         return path
     except OSError:
         return tempfile.gettempdir()
-

@@ -152,8 +152,11 @@ class Runner:
                 model = None
             except Exception as exc:
                 if v == 0:
-                    return {"error": f"building ModelNew: {type(exc).__name__}: {exc}", "kind": "runtime_error",
-                            "log": candidate_traceback(exc)}
+                    return {
+                        "error": f"building ModelNew: {type(exc).__name__}: {exc}",
+                        "kind": "runtime_error",
+                        "log": candidate_traceback(exc),
+                    }
                 notes.append(f"variant {v}: building ModelNew: {type(exc).__name__}: {exc}"[:300])
                 model = None
             self.models.append(model)
@@ -183,7 +186,7 @@ class Runner:
         launched = self.recorder.launches + own_launches(self.backend)
         marks = [time.perf_counter()]  # diagnostics only (the judge trusts none of it)
         try:
-            with torch.no_grad(), (guard or contextlib.nullcontext()):
+            with torch.no_grad(), guard or contextlib.nullcontext():
                 for slot in order:
                     args = self.device_slots.get(slot) or self.slots[slot]
                     if timer is None:
@@ -206,8 +209,16 @@ class Runner:
         except KfError as exc:
             return {"error": str(exc), "kind": "runtime_error"}
         except Exception as exc:
-            return {"error": f"{type(exc).__name__}: {exc}", "kind": "runtime_error", "log": candidate_traceback(exc)}
-        reply: dict[str, Any] = {"ok": True, "outs": described, "launches": self.recorder.launches + own_launches(self.backend) - launched}
+            return {
+                "error": f"{type(exc).__name__}: {exc}",
+                "kind": "runtime_error",
+                "log": candidate_traceback(exc),
+            }
+        reply: dict[str, Any] = {
+            "ok": True,
+            "outs": described,
+            "launches": self.recorder.launches + own_launches(self.backend) - launched,
+        }
         if shares is not None:
             reply["shares"] = shares
         if timer is not None:
@@ -223,7 +234,10 @@ class Runner:
         if self.shares is None:
             return None
         shares = self.shares
-        return [[shares.export(o) if type(o) is torch.Tensor and o.is_cuda else None for o in outs] for outs in outputs]
+        return [
+            [shares.export(o) if type(o) is torch.Tensor and o.is_cuda else None for o in outs]
+            for outs in outputs
+        ]
 
     def slots_from(self, message: dict[str, Any]) -> None:
         """Argument lists over the arena; tensor arguments on the judge's device buffers where it sent them."""
@@ -232,8 +246,10 @@ class Runner:
         for i, descriptor in enumerate(message["slots"]):
             if isinstance(device, list) and self.shares is not None:
                 shares = self.shares
-                args = [shares.import_input(h) if h is not None else item[1]
-                        for item, h in zip(descriptor, device[i], strict=True)]
+                args = [
+                    shares.import_input(h) if h is not None else item[1]
+                    for item, h in zip(descriptor, device[i], strict=True)
+                ]
                 self.device_slots[len(self.slots)] = args
             else:
                 args = self.arena.arguments(descriptor)
@@ -255,7 +271,9 @@ class Runner:
         for s in slots:
             staged = self.device_slots.get(s)
             if staged is None:
-                self.device_slots[s] = [a.to(device) if isinstance(a, torch.Tensor) else a for a in self.slots[s]]
+                self.device_slots[s] = [
+                    a.to(device) if isinstance(a, torch.Tensor) else a for a in self.slots[s]
+                ]
                 continue
             for dst, src in zip(staged, self.slots[s], strict=True):
                 if isinstance(dst, torch.Tensor):
@@ -279,7 +297,9 @@ class Runner:
             elif op == "stage":
                 reply = self.stage(list(message["slots"]))
             elif op == "call":
-                reply = self.call(int(message["variant"]), list(message["order"]), bool(message.get("device_timing")))
+                reply = self.call(
+                    int(message["variant"]), list(message["order"]), bool(message.get("device_timing"))
+                )
             elif op == "fetch":
                 reply = self.fetch(list(message["calls"]))
             elif op == "exit":
@@ -340,9 +360,16 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         if timer is not None:
             with contextlib.suppress(Exception):  # no trusted forward: the empty call calibrates
                 forward = _trusted_forward(backend, problems[0])
-        chan.send({"op": "ready", "torch_device": backend.torch_device, "in_force": report.in_force,
-                   "notes": report.notes, "timer_overhead_ms": _timer_overhead_ms(timer, forward),
-                   "ipc": _ipc_usable(backend)})
+        chan.send(
+            {
+                "op": "ready",
+                "torch_device": backend.torch_device,
+                "in_force": report.in_force,
+                "notes": report.notes,
+                "timer_overhead_ms": _timer_overhead_ms(timer, forward),
+                "ipc": _ipc_usable(backend),
+            }
+        )
         calibration: Runner | None = None
         while True:  # the judge measures what an exchange costs while nothing untrusted runs here
             message = chan.recv()
@@ -365,7 +392,12 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         status = 3
     except BaseException as exc:  # the runner must always answer or die
         with contextlib.suppress(Exception):
-            chan.send({"error": f"runner: {type(exc).__name__}: {exc}", "kind": "runtime_error",
-                       "log": traceback.format_exc()[-4000:]})
+            chan.send(
+                {
+                    "error": f"runner: {type(exc).__name__}: {exc}",
+                    "kind": "runtime_error",
+                    "log": traceback.format_exc()[-4000:],
+                }
+            )
         status = 4
     os._exit(status)

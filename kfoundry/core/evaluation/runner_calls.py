@@ -17,10 +17,15 @@ from kfoundry.core.problem import Problem
 def describe(value: Any) -> list[Any]:
     """Where one output lives: ``["tensor", address, dtype, shape, stride, device]`` or ``["other", type]``."""
     if type(value) is torch.Tensor:
-        return ["tensor", int(value.data_ptr()), dtype_name(value.dtype), list(value.shape), list(value.stride()),
-                str(value.device)]
+        return [
+            "tensor",
+            int(value.data_ptr()),
+            dtype_name(value.dtype),
+            list(value.shape),
+            list(value.stride()),
+            str(value.device),
+        ]
     return ["other", type(value).__name__]
-
 
 
 def _device_timer(backend: Backend) -> Any:
@@ -44,8 +49,15 @@ def _calibration_call(timer: Any, backend: Backend) -> dict[str, Any]:
         device_ms = timer(lambda: box.append(torch.empty(1, device=backend.torch_device)))
     backend.synchronize()
     out = box[0]
-    return {"ok": True, "device_ms": [device_ms], "outs": [[describe(out)]],
-            "shares": [[shares.export(out) if shares is not None else None]], "launches": 0, "forbidden": [], "threads": []}
+    return {
+        "ok": True,
+        "device_ms": [device_ms],
+        "outs": [[describe(out)]],
+        "shares": [[shares.export(out) if shares is not None else None]],
+        "launches": 0,
+        "forbidden": [],
+        "threads": [],
+    }
 
 
 def _ipc_usable(backend: Backend) -> bool:

@@ -58,12 +58,17 @@ class RunnerHandle:
             return self.chan.recv(timeout=self._left())
         except ChannelTimeout:
             self.kill()
-            raise JobFailed(JobResult(outcome=Outcome.timeout, message=f"timed out after {self.timeout_s:g} s (killed)")) from None
+            raise JobFailed(
+                JobResult(outcome=Outcome.timeout, message=f"timed out after {self.timeout_s:g} s (killed)")
+            ) from None
         except ChannelClosed:
             raise JobFailed(self.crashed()) from None
 
     def exchange(
-        self, message: dict[str, Any], fds: list[int] | None = None, settle: Callable[[], object] | None = None
+        self,
+        message: dict[str, Any],
+        fds: list[int] | None = None,
+        settle: Callable[[], object] | None = None,
     ) -> tuple[dict[str, Any], int]:
         """Send ``message`` to the thawed runner, wait for its answer, freeze it: (answer, clocked ns).
 
@@ -109,7 +114,10 @@ class RunnerHandle:
 
     def crashed(self) -> JobResult:
         self.kill()
-        return JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {describe_exit(self.status, 'the runner vanished')}")
+        return JobResult(
+            outcome=Outcome.runtime_error,
+            message=f"worker crashed: {describe_exit(self.status, 'the runner vanished')}",
+        )
 
     def kill(self) -> None:
         if self.status is not None:
@@ -149,4 +157,3 @@ def _setns(fd: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.setns(fd, 0x20000000) != 0:  # CLONE_NEWPID
         raise OSError(ctypes.get_errno(), "setns back to the judge's PID namespace failed")
-

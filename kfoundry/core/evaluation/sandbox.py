@@ -179,7 +179,9 @@ def run_sandboxed(job: EvalJob) -> JobResult:
     # The CUDA driver reserves far more virtual address space than it uses (unified addressing):
     # an address-space limit makes context creation fail, so GPU jobs (any backend) run without one.
     memory_mb = None if job.on_gpu or job.backend == "cuda" else job.evaluation.memory_limit_mb
-    waiter = _server.submit({"job": job.model_dump_json(), "log": log_path, "result": result_path, "memory_mb": memory_mb})
+    waiter = _server.submit(
+        {"job": job.model_dump_json(), "log": log_path, "result": result_path, "memory_mb": memory_mb}
+    )
     try:
         waiter.started.wait(START_TIMEOUT_S)
         begun = time.monotonic()
@@ -192,7 +194,10 @@ def run_sandboxed(job: EvalJob) -> JobResult:
         elif os.path.exists(result_path):
             result = JobResult.model_validate_json(Path(result_path).read_text())
         else:
-            result = JobResult(outcome=Outcome.runtime_error, message=f"worker crashed: {describe_exit(waiter.status, 'the sandbox server died', ' without a result')}")
+            result = JobResult(
+                outcome=Outcome.runtime_error,
+                message=f"worker crashed: {describe_exit(waiter.status, 'the sandbox server died', ' without a result')}",
+            )
         output = _tail(log_path)
         if output:
             result.log = (result.log + "\n--- worker output ---\n" + output).strip()

@@ -121,10 +121,13 @@ def _chunks(*tensors: torch.Tensor) -> Any:
     device = tensors[0].device
     flats = [t.reshape(-1) for t in tensors]
     for start in range(0, flats[0].numel(), COMPARE_CHUNK):
-        yield start, [
-            f[start : start + COMPARE_CHUNK].to(device=device, dtype=torch.float64, copy=k < 2)
-            for k, f in enumerate(flats)
-        ]
+        yield (
+            start,
+            [
+                f[start : start + COMPARE_CHUNK].to(device=device, dtype=torch.float64, copy=k < 2)
+                for k, f in enumerate(flats)
+            ],
+        )
 
 
 def _exact(index: int, out: torch.Tensor, ref: torch.Tensor) -> Verdict | None:
@@ -231,5 +234,3 @@ def _explicit(
         f"output {index}: {n_bad} of {out.numel()} elements off the {against} (worst at flat index {worst}: "
         f"got {_fmt(out.reshape(-1)[worst].item())}, expected {_fmt(expected)}; atol={atol:g}, rtol={rtol:g})",
     )
-
-

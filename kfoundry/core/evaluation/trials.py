@@ -83,9 +83,7 @@ def plan_trials(problem: Problem, max_elements: int = 1 << 16) -> TrialPlan:
                 reason = failures[0] if failures else "no alternative sizes"
     esize = run0.element_size if run0 is not None else 4
     off = f"start {esize} bytes off alignment"
-    structured = [
-        TrialSpec(0, d, True, f"variant 0 ({names[0]}), {d} inputs") for d in DISTRIBUTIONS[1:]
-    ]
+    structured = [TrialSpec(0, d, True, f"variant 0 ({names[0]}), {d} inputs") for d in DISTRIBUTIONS[1:]]
     structured.append(TrialSpec(0, "problem", False, f"variant 0 ({names[0]}), problem inputs, {off}"))
     for i in range(1, len(variants)):
         structured.append(TrialSpec(i, "problem", True, f"variant {i} ({names[i]}), problem inputs"))
@@ -181,7 +179,9 @@ def transform_inputs(inputs: list[Any], distribution: str, generator: torch.Gene
     if distribution == "problem":
         return list(inputs)
     return [
-        _transform(x, distribution, generator) if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x
+        _transform(x, distribution, generator)
+        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point
+        else x
         for x in inputs
     ]
 
@@ -241,19 +241,25 @@ def domain_reason(ref: list[Any], ref64: list[Any] | None) -> str | None:
             a = flat[start : start + COMPARE_CHUNK].to(torch.float64)
             b = flat64[start : start + COMPARE_CHUNK].to(device=a.device, dtype=torch.float64)
             fa, fb = torch.isfinite(a), torch.isfinite(b)
-            for mask, what in ((fb & ~fa, f"the {name} reference is not finite where the float64 one is"),
-                               (fa & ~fb, f"the float64 reference is not finite where the {name} one is")):
+            for mask, what in (
+                (fb & ~fa, f"the {name} reference is not finite where the float64 one is"),
+                (fa & ~fb, f"the float64 reference is not finite where the {name} one is"),
+            ):
                 if bool(mask.any()):
                     at = int(mask.nonzero()[0, 0])
-                    return (f"output {i}: {what} ({int(mask.sum())} elements; e.g. flat index {start + at}: "
-                            f"{float(a[at]):.4g} vs {float(b[at]):.4g})")
+                    return (
+                        f"output {i}: {what} ({int(mask.sum())} elements; e.g. flat index {start + at}: "
+                        f"{float(a[at]):.4g} vs {float(b[at]):.4g})"
+                    )
             both = fa & fb
             err2 += float(torch.where(both, a - b, 0.0).square().sum())
             norm2 += float(torch.where(both, b, 0.0).square().sum())
         rel = math.sqrt(err2 / norm2) if norm2 > 0 else (math.inf if err2 > 0 else 0.0)
         if rel > ILL_CONDITIONED:
-            return (f"output {i}: the {name} reference's relative RMS error against float64 is {rel:.3g} "
-                    f"(over {ILL_CONDITIONED:g}: ill-conditioned for these inputs)")
+            return (
+                f"output {i}: the {name} reference's relative RMS error against float64 is {rel:.3g} "
+                f"(over {ILL_CONDITIONED:g}: ill-conditioned for these inputs)"
+            )
     return None
 
 

@@ -70,9 +70,13 @@ def check_trial(
         if not isinstance(ref, torch.Tensor):
             continue
         if type(out) is not torch.Tensor:
-            return Verdict(Outcome.rejected, f"output {i} is a {type(out).__name__}, not a plain torch.Tensor")
+            return Verdict(
+                Outcome.rejected, f"output {i} is a {type(out).__name__}, not a plain torch.Tensor"
+            )
         if out.shape != ref.shape:
-            return Verdict(Outcome.wrong_shape, f"output {i} has shape {list(out.shape)}, expected {list(ref.shape)}")
+            return Verdict(
+                Outcome.wrong_shape, f"output {i} has shape {list(out.shape)}, expected {list(ref.shape)}"
+            )
         if out.dtype != ref.dtype:
             return Verdict(Outcome.mismatch, f"output {i} has dtype {out.dtype}, expected {ref.dtype}")
         if out.device != ref.device:
@@ -87,14 +91,21 @@ def check_trial(
         missing = _unwritten(out, ref)
         if missing:
             return Verdict(
-                Outcome.mismatch, f"output {i}: {missing} of {out.numel()} elements never written (poison remained)"
+                Outcome.mismatch,
+                f"output {i}: {missing} of {out.numel()} elements never written (poison remained)",
             )
         if _is_constant(out) and not _is_constant(ref):
-            return Verdict(Outcome.rejected, f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies")
+            return Verdict(
+                Outcome.rejected,
+                f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies",
+            )
         if out.dtype.is_floating_point:
             bad = ~_isfinite(out) & _isfinite(ref)
             if bool(bad.any()):
-                return Verdict(Outcome.mismatch, f"output {i}: {int(bad.sum())} NaN/Inf values where the reference is finite")
+                return Verdict(
+                    Outcome.mismatch,
+                    f"output {i}: {int(bad.sum())} NaN/Inf values where the reference is finite",
+                )
         a, r = tolerances(ref.dtype, atol, rtol)
         off = _mismatches(out, ref, a, r)
         if off is not None:
@@ -126,8 +137,15 @@ def check_outputs(
     for i, (out, ref) in enumerate(zip(outputs, references, strict=True)):
         if not isinstance(ref, torch.Tensor):
             continue
-        if _is_constant(out) and not _is_constant(ref) and not bool(_isnan(ref).all() if ref.dtype.is_floating_point else False):
-            return Verdict(Outcome.rejected, f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies")
+        if (
+            _is_constant(out)
+            and not _is_constant(ref)
+            and not bool(_isnan(ref).all() if ref.dtype.is_floating_point else False)
+        ):
+            return Verdict(
+                Outcome.rejected,
+                f"output {i} is constant ({out.reshape(-1)[0].item():g}) but the reference varies",
+            )
         ref64 = None
         if references64 is not None and i < len(references64) and isinstance(references64[i], torch.Tensor):
             ref64 = references64[i]
@@ -160,10 +178,16 @@ def _mismatches(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) 
 
 
 def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype.is_floating_point and a.shape == b.shape and bool(_equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+    return (
+        a.dtype.is_floating_point
+        and a.shape == b.shape
+        and bool(_equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+    )
 
 
-def check_independence(outputs_per_trial: Sequence[Sequence[Any]], refs_per_trial: Sequence[Sequence[Any]]) -> Verdict | None:
+def check_independence(
+    outputs_per_trial: Sequence[Sequence[Any]], refs_per_trial: Sequence[Sequence[Any]]
+) -> Verdict | None:
     """Reject outputs identical across trials whose inputs (and reference outputs) differ."""
     for j in range(1, len(outputs_per_trial)):
         for i, (out, ref) in enumerate(zip(outputs_per_trial[j], refs_per_trial[j], strict=True)):
@@ -171,5 +195,7 @@ def check_independence(outputs_per_trial: Sequence[Sequence[Any]], refs_per_tria
             if not isinstance(ref, torch.Tensor) or not isinstance(out, torch.Tensor):
                 continue
             if _equal(out, prev_out) and not _equal(ref, prev_ref):
-                return Verdict(Outcome.rejected, f"output {i} does not depend on the input (identical across trials)")
+                return Verdict(
+                    Outcome.rejected, f"output {i} does not depend on the input (identical across trials)"
+                )
     return None

@@ -71,7 +71,9 @@ def _limit_variants(plan: TrialPlan, keep: int) -> TrialPlan:
     if len(plan.variants) <= keep + 1:
         return plan
     structured = [s for s in plan.structured if s.variant <= keep]
-    reason = plan.fixed_shape_reason or ("other shapes not tried (evaluation.shape_variants = 0)" if keep == 0 else None)
+    reason = plan.fixed_shape_reason or (
+        "other shapes not tried (evaluation.shape_variants = 0)" if keep == 0 else None
+    )
     return TrialPlan(plan.variants[: keep + 1], reason, structured)
 
 
@@ -87,8 +89,13 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     runner.chan.send({"variants": plan.variants, "uid": 3_000_000 + runner.pid % 1_000_000})
     ready = runner.receive()
     if ready.get("op") != "ready":
-        raise JobFailed(JobResult(outcome=Outcome.runtime_error, message=f"setup: {ready.get('error', 'runner did not start')}",
-                                  log=str(ready.get("log", ""))))
+        raise JobFailed(
+            JobResult(
+                outcome=Outcome.runtime_error,
+                message=f"setup: {ready.get('error', 'runner did not start')}",
+                log=str(ready.get("log", "")),
+            )
+        )
     device = str(ready.get("torch_device", "cpu"))
     runner.freeze()
     ipc = ready.get("ipc") is True and device.startswith("cuda") and device_share.available()
@@ -97,7 +104,9 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
         probe.calibrate()
     exchange_ms = calibrate(runner, device, probe) if device != "cpu" else None
     per_call = calibrate_calls(runner, probe) if device != "cpu" else None
-    built, _ = runner.exchange({"op": "build"})  # candidate code runs from here on: nothing it says is trusted
+    built, _ = runner.exchange(
+        {"op": "build"}
+    )  # candidate code runs from here on: nothing it says is trusted
     variants = []
     for i, problem in enumerate(problems):
         reference = problem.make_reference().to(device)
@@ -106,15 +115,23 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     judge.exchange_ms = exchange_ms
     if probe is not None:
         judge.probe, judge.shared = probe, device_share.JudgeBuffers(device)
-        judge.log.append(f"CUDA IPC: the judge owns the inputs and reads the outputs; idle probe {probe.idle_s * 1e6:.0f} us")
+        judge.log.append(
+            f"CUDA IPC: the judge owns the inputs and reads the outputs; idle probe {probe.idle_s * 1e6:.0f} us"
+        )
     elif device != "cpu":
-        judge.log.append("no CUDA IPC here: the runner stages inputs and copies outputs off the device (less isolation)")
+        judge.log.append(
+            "no CUDA IPC here: the runner stages inputs and copies outputs off the device (less isolation)"
+        )
     overhead = ready.get("timer_overhead_ms")
-    judge.timer_overhead_ms = float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
+    judge.timer_overhead_ms = (
+        float(overhead) if isinstance(overhead, (int, float)) and 0 <= overhead < 50 else None
+    )
     if per_call is not None:
         per_call_ms, judge.exchange_fixed_ms, judge.timer_overhead_error = per_call
-        judge.log.append(f"per-call overhead on the judge's clock {per_call_ms:.4f} ms (the runner's own: {overhead}); "
-                         f"fixed cost of an exchange {judge.exchange_fixed_ms:.4f} ms; standard error {judge.timer_overhead_error:.4f} ms")
+        judge.log.append(
+            f"per-call overhead on the judge's clock {per_call_ms:.4f} ms (the runner's own: {overhead}); "
+            f"fixed cost of an exchange {judge.exchange_fixed_ms:.4f} ms; standard error {judge.timer_overhead_error:.4f} ms"
+        )
         judge.timer_overhead_ms = per_call_ms
     raw_in_force = ready.get("in_force")
     in_force: dict[Any, Any] = raw_in_force if isinstance(raw_in_force, dict) else {}
@@ -122,7 +139,12 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
     judge.sandbox_notes = [str(n)[:300] for n in (ready.get("notes") or [])][:20]
     missing = [k for k, v in judge.sandbox.items() if not v]
     if missing:
-        judge.log.append("sandbox protections not in force: " + ", ".join(missing) + "; " + "; ".join(ready.get("notes") or []))
+        judge.log.append(
+            "sandbox protections not in force: "
+            + ", ".join(missing)
+            + "; "
+            + "; ".join(ready.get("notes") or [])
+        )
     if built.get("ok") is not True:
         raise JobFailed(judge._error_result(built, "build"))
     for note in built.get("notes") or []:
@@ -156,7 +178,9 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
             handle.write(job.problem_source)
         os.chmod(path, 0o444)  # the runner reads it after it changed its uid (the confinement binds it)
         os.chmod(folder, 0o755)
-        return _execute(job.model_copy(update={"problem_path": path, "problem_source": None}), runner_pid_file)
+        return _execute(
+            job.model_copy(update={"problem_path": path, "problem_source": None}), runner_pid_file
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -176,7 +200,11 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     try:
         try:
             problem = load_problem(job.problem_path, job.shapes)
-            plan = plan_trials(problem) if job.kind == "evaluate" else TrialPlan([dict(problem.shapes)], None, [])
+            plan = (
+                plan_trials(problem)
+                if job.kind == "evaluate"
+                else TrialPlan([dict(problem.shapes)], None, [])
+            )
             plan = _limit_variants(plan, job.evaluation.shape_variants)
         except KfError as exc:
             return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
@@ -197,8 +225,12 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
                 timing, calls, verified = time_candidate(judge, verify=True)
             judge.check_native("after timing")
             judge.phase("timing")
-            result = JobResult(outcome=Outcome.correct, timing=timing, compile_time_s=compile_s,
-                               message=f"{summary}; {calls} timed calls on fresh inputs, {verified} of them verified")
+            result = JobResult(
+                outcome=Outcome.correct,
+                timing=timing,
+                compile_time_s=compile_s,
+                message=f"{summary}; {calls} timed calls on fresh inputs, {verified} of them verified",
+            )
     except JobFailed as failed:
         result = failed.result
         if built.get("ok"):
@@ -206,8 +238,11 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     except Exception as exc:
         import traceback
 
-        result = JobResult(outcome=Outcome.runtime_error, message=f"judge: {type(exc).__name__}: {exc}",
-                           log=traceback.format_exc()[-4000:])
+        result = JobResult(
+            outcome=Outcome.runtime_error,
+            message=f"judge: {type(exc).__name__}: {exc}",
+            log=traceback.format_exc()[-4000:],
+        )
     finally:
         runner.kill()
         if judge is not None and judge.arena is not None:
@@ -222,16 +257,25 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     if isinstance(built.get("resources"), dict):
         result.resources = built["resources"]
     if judge is not None and judge.clock_disagreements:
-        judge.log.append(f"device clock not confirmed by the judge's clock ({judge.clock_disagreements}x): "
-                         "the judge's clock counted (" + "; ".join(judge.disagreement_samples)
-                         + f"; exchange overhead {judge.exchange_ms} ms, timer overhead {judge.timer_overhead_ms} ms)")
+        judge.log.append(
+            f"device clock not confirmed by the judge's clock ({judge.clock_disagreements}x): "
+            "the judge's clock counted ("
+            + "; ".join(judge.disagreement_samples)
+            + f"; exchange overhead {judge.exchange_ms} ms, timer overhead {judge.timer_overhead_ms} ms)"
+        )
     if judge is not None and judge.clock_pairs:
         ratios = sorted(c / e for e, c in judge.clock_pairs)
-        judge.log.append(f"judge's clock net of overheads / device events over {len(ratios)} batches: median "
-                         f"{ratios[len(ratios) // 2]:.4f}, range {ratios[0]:.4f}-{ratios[-1]:.4f}")
+        judge.log.append(
+            f"judge's clock net of overheads / device events over {len(ratios)} batches: median "
+            f"{ratios[len(ratios) // 2]:.4f}, range {ratios[0]:.4f}-{ratios[-1]:.4f}"
+        )
     if judge is not None and judge.phases:
         judge.log.append("judge phases: " + ", ".join(f"{name} {secs:.2f} s" for name, secs in judge.phases))
-    parts = ([*judge.log] if judge else []) + ([str(built.get("log"))] if built.get("log") else []) + ([result.log] if result.log else [])
+    parts = (
+        ([*judge.log] if judge else [])
+        + ([str(built.get("log"))] if built.get("log") else [])
+        + ([result.log] if result.log else [])
+    )
     result.log = "\n".join(p for p in parts if p)[-12000:]
     result.wall_s = (_clock_ns() - start) / 1e9
     return result

@@ -51,9 +51,7 @@ class GeneticAlgorithm(SearchStrategy):
             p1 = self._select(rng)
             if len(self.population) > 1 and rng.random() < self.opts.crossover_rate:
                 p2 = self._select(rng, exclude=p1)
-                out.append(
-                    SearchAsk(mode="improve", parent=p1, inspirations=[p2], extra={"crossover": True})
-                )
+                out.append(SearchAsk(mode="improve", parent=p1, inspirations=[p2], extra={"crossover": True}))
             else:
                 out.append(SearchAsk(mode=mode_for(p1), parent=p1, extra={"mutation": True}))
         return out

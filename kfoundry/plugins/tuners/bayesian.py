@@ -36,7 +36,9 @@ class BayesianOptions(BaseModel):
         default=1.25, gt=1.0, description="refit GP hyperparameters when the observations grow by this factor"
     )
     min_length_scale: float = Field(
-        default=0.1, gt=0, description="smallest GP length scale (inputs are ordinal indices scaled to [0, 1])"
+        default=0.1,
+        gt=0,
+        description="smallest GP length scale (inputs are ordinal indices scaled to [0, 1])",
     )
     max_candidates: int = Field(default=20000, ge=100, description="configurations scored per ask")
 
@@ -62,7 +64,9 @@ class BayesianTuner(Tuner):
         if self.options.engine != "gp":
             from kfoundry.plugins.tuners.optuna_engine import OptunaEngine
 
-            self._optuna = OptunaEngine(space, self.options.engine, int(rng.integers(2**31)), self.options.initial)
+            self._optuna = OptunaEngine(
+                space, self.options.engine, int(rng.integers(2**31)), self.options.initial
+            )
 
     # -- ask/tell -------------------------------------------------------------------------------
 

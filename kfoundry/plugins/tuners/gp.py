@@ -38,7 +38,9 @@ class GaussianProcess:
         self._mean = 0.0
         self._std = 1.0
 
-    def _nll(self, theta: np.ndarray, x: np.ndarray, y: np.ndarray, sq: np.ndarray) -> tuple[float, np.ndarray]:
+    def _nll(
+        self, theta: np.ndarray, x: np.ndarray, y: np.ndarray, sq: np.ndarray
+    ) -> tuple[float, np.ndarray]:
         ls2 = np.exp(2 * theta[: self.dims])
         sf2, sn2 = math.exp(theta[-2]), math.exp(theta[-1])
         r = np.sqrt(np.maximum((sq / ls2).sum(-1), 0.0))
@@ -77,8 +79,13 @@ class GaussianProcess:
             best = None
             for start in starts:
                 res = minimize(
-                    self._nll, start, args=(x, ys, sq), jac=True, method="L-BFGS-B",
-                    bounds=self.bounds, options={"maxiter": 40},
+                    self._nll,
+                    start,
+                    args=(x, ys, sq),
+                    jac=True,
+                    method="L-BFGS-B",
+                    bounds=self.bounds,
+                    options={"maxiter": 40},
                 )
                 if best is None or res.fun < best.fun:
                     best = res

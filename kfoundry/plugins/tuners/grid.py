@@ -32,4 +32,6 @@ class GridTuner(Tuner):
 
 @hookimpl
 def kf_register_tuners(register: Register) -> None:
-    register("grid", GridTuner, options=GridOptions, description="exhaustive grid over every valid configuration")
+    register(
+        "grid", GridTuner, options=GridOptions, description="exhaustive grid over every valid configuration"
+    )

@@ -56,11 +56,15 @@ class NevergradTuner(Tuner):
         choices: dict[str, Any] = {}
         for name, values in space.params.items():
             numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-            choices[name] = ng.p.TransitionChoice(values) if numeric and len(values) > 1 else ng.p.Choice(values)
+            choices[name] = (
+                ng.p.TransitionChoice(values) if numeric and len(values) > 1 else ng.p.Choice(values)
+            )
         param = ng.p.Dict(**choices)
         param.random_state = np.random.RandomState(int(rng.integers(2**31)))
         try:
-            self.opt = ng.optimizers.registry[self.options.optimizer](parametrization=param, budget=_NG_BUDGET)
+            self.opt = ng.optimizers.registry[self.options.optimizer](
+                parametrization=param, budget=_NG_BUDGET
+            )
         except Exception as exc:
             raise TunerError(f"nevergrad optimizer {self.options.optimizer}: {exc}") from None
 

@@ -22,10 +22,14 @@ class OptunaEngine:
         for name, values in space.params.items():
             numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
             self.dists[name] = (
-                IntDistribution(0, len(values) - 1) if numeric else CategoricalDistribution(list(range(len(values))))
+                IntDistribution(0, len(values) - 1)
+                if numeric
+                else CategoricalDistribution(list(range(len(values))))
             )
         if engine == "optuna-gp":
-            sampler: optuna.samplers.BaseSampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=initial)
+            sampler: optuna.samplers.BaseSampler = optuna.samplers.GPSampler(
+                seed=seed, n_startup_trials=initial
+            )
         else:
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=initial, multivariate=True)
         self.study = optuna.create_study(direction="minimize", sampler=sampler)

@@ -38,4 +38,9 @@ class RandomTuner(Tuner):
 
 @hookimpl
 def kf_register_tuners(register: Register) -> None:
-    register("random", RandomTuner, options=RandomOptions, description="uniform random sampling without replacement")
+    register(
+        "random",
+        RandomTuner,
+        options=RandomOptions,
+        description="uniform random sampling without replacement",
+    )
