@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="cuda", choices=["cuda", "opencl"])
     ap.add_argument("--small", action="store_true", help="use tests/data/kernelbench/small_shapes.json")
     ap.add_argument("--level", action="append", help="level1 / level2 (default both)")
-    ap.add_argument("-k", default="", help="only problems whose name contains this")
+    ap.add_argument("-k", default="", help="only problems whose name contains this (a,b,c: any of them)")
     ap.add_argument("--budget-s", type=float, default=0.3, help="timing budget per measurement")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--json", type=Path, help="also write the rows here")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = OfflineGenerator()
     for path in sorted(p for lvl in levels for p in (DATA / lvl).glob("*.py")):
         key = f"{path.parent.name}/{path.name}"
-        if args.k not in key or key in done:
+        if not any(k in key for k in args.k.split(",")) or key in done:
             continue
         row: dict[str, Any] = {"problem": key}
         try:
