@@ -168,8 +168,9 @@ __device__ __forceinline__ float kf_tanh(float u) {
 
 
 def _vector_ilp(spec: OpSpec, expr: str, sig: str, nin: int) -> Recipe:
-    """float4 grid-stride with ILP vectors per thread per step (all loads issued before any math), and
-    with FAST tanh through one exponential (:data:`KF_TANH`) instead of tanhf."""
+    """float4 with ILP vectors per thread per step (all loads issued before any math), over a full grid
+    (WAVES 0: each thread one step, as Triton's pointwise kernels) or a grid-stride loop over WAVES x 132
+    blocks, and with FAST tanh through one exponential (:data:`KF_TANH`) instead of tanhf."""
     fexpr = expr.replace("tanhf(", "KF_TANHF(")
 
     def lane(comp: str, u: str) -> str:
@@ -215,16 +216,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
 }}
 """
     body, args = _forward(
-        spec, "(max(1, min(_cdiv(_cdiv(n, 4), p['BLOCK_X'] * p['ILP']), p['WAVES'] * 132)), 1, 1)",
+        spec,
+        "(max(1, _cdiv(_cdiv(n, 4), p['BLOCK_X'] * p['ILP']) if p['WAVES'] == 0 else "
+        "min(_cdiv(_cdiv(n, 4), p['BLOCK_X'] * p['ILP']), p['WAVES'] * 132)), 1, 1)",
         "(p['BLOCK_X'], 1, 1)",
         extra=f", int(_aligned({', '.join(f'x{k}' for k in range(nin))}, y))",
     )
     fast = [1, 0] if "tanhf(" in expr else [0]
     return Recipe("elementwise/vector_ilp", "elementwise", "cuda", kernel, body, args,
-                  TunableSpace(params={"BLOCK_X": [128, 256, 512], "WAVES": [4, 8, 16, 32], "ILP": [1, 2, 4],
+                  TunableSpace(params={"BLOCK_X": [128, 256, 512], "WAVES": [0, 4, 8, 16, 32], "ILP": [1, 2, 4],
                                        "FAST": fast}),
-                  {"BLOCK_X": 256, "WAVES": 16, "ILP": 2, "FAST": fast[0]}, rank=2,
-                  description="float4 grid-stride, ILP vectors in flight per thread, tanh through one exp")
+                  {"BLOCK_X": 256, "WAVES": 0, "ILP": 2, "FAST": fast[0]}, rank=2,
+                  description="float4, ILP vectors in flight per thread (WAVES 0: one pass over a full grid, "
+                  "else a grid-stride loop over WAVES x 132 blocks), tanh through one exp")
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
