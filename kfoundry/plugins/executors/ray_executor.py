@@ -131,8 +131,10 @@ class RayExecutor(Executor):
     def _submit(self, job: EvalJob) -> Any:
         gpus = self.options.gpus_per_job
         if gpus is None:
-            gpus = 1.0 if job.backend == "cuda" else 0.0
+            gpus = 1.0 if job.on_gpu or job.backend == "cuda" else 0.0
         task = self._task.options(num_cpus=self.options.cpus_per_job, num_gpus=gpus)
+        if job.threads is None:  # the job's thread pools sized to the CPUs its task reserves
+            job = job.model_copy(update={"threads": max(1, int(self.options.cpus_per_job))})
         return task.remote(job.model_dump_json())
 
     def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
