@@ -216,7 +216,9 @@ def test_moves_follow_the_request() -> None:
     seeds = gen.seeds(_request("matmul", n=8))
     assert [p.candidate.meta["rank"] for p in seeds] == sorted(p.candidate.meta["rank"] for p in seeds)
     naive = seeds[0].candidate
-    ok = EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d", outcome=Outcome.correct)
+    ok = EvalRecord(
+        candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d", outcome=Outcome.correct
+    )
     parent = Attempt(candidate=naive, record=ok, cell=(0, 0, 0))
     aimed = gen.propose(_request("matmul", mode="improve", parent=parent, target_cell=(2, 3, 1), n=3, seed=1))
     assert any(p.candidate.label == "matmul/local_tiles" for p in aimed)
@@ -225,9 +227,17 @@ def test_moves_follow_the_request() -> None:
         space = p.candidate.space
         assert valid(p.candidate.params, space.restrictions) and set(p.candidate.params) == set(space.params)
     broken = naive.with_params({"BLOCK_X": 32, "BLOCK_Y": 16})
-    bad = EvalRecord(candidate_hash="h", eval_key="k", problem="p", backend="opencl", device="d",
-                     outcome=Outcome.runtime_error)
-    fixed = gen.propose(_request("matmul", mode="repair", parent=Attempt(candidate=broken, record=bad), n=1))[0]
+    bad = EvalRecord(
+        candidate_hash="h",
+        eval_key="k",
+        problem="p",
+        backend="opencl",
+        device="d",
+        outcome=Outcome.runtime_error,
+    )
+    fixed = gen.propose(_request("matmul", mode="repair", parent=Attempt(candidate=broken, record=bad), n=1))[
+        0
+    ]
     assert fixed.candidate.params == naive.params and "repair" in fixed.rationale
 
 
@@ -242,15 +252,20 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize(
-    "name", ["matmul", "linear", "softmax", "layer_norm", "rms_norm", "elementwise", "depthwise_conv2d", "rotary"]
+    "name",
+    ["matmul", "linear", "softmax", "layer_norm", "rms_norm", "elementwise", "depthwise_conv2d", "rotary"],
 )
 def test_cuda_recipes_compile_for_sm90(name: str, tmp_path: Path) -> None:
     for recipe in OfflineGenerator().recipes(summary(name), "cuda"):
         src = tmp_path / "k.cu"
         src.write_text(recipe.kernel)
         defines = [f"-D{k}={v}" for k, v in recipe.defaults.items()] + ["-DROW_LEN=100"] * recipe.lazy
-        defines += [f"-D{d}=9" for d in ("D_KS", "D_STRIDE", "D_PAD", "D_N", "D_C", "D_H", "D_W", "D_OH", "D_OW")] * (
-            "D_KS" in recipe.init_defines)
-        proc = subprocess.run([NVCC, "-arch=sm_90", "--ptx", "-o", str(tmp_path / "k.ptx"), *defines, str(src)],
-                              capture_output=True, text=True)
+        defines += [
+            f"-D{d}=9" for d in ("D_KS", "D_STRIDE", "D_PAD", "D_N", "D_C", "D_H", "D_W", "D_OH", "D_OW")
+        ] * ("D_KS" in recipe.init_defines)
+        proc = subprocess.run(
+            [NVCC, "-arch=sm_90", "--ptx", "-o", str(tmp_path / "k.ptx"), *defines, str(src)],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, f"{recipe.name}: {proc.stderr[-2000:]}"

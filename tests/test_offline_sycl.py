@@ -42,8 +42,9 @@ __kernel void tiled(__global const float* restrict X, __global float* restrict Y
 
 
 def _summary(stem: str) -> ProblemSummary:
-    return ProblemSummary(name=stem, reference_source=(KB / f"{stem}.py").read_text(),
-                          shapes=SMALL_SHAPES.get(stem, {}))
+    return ProblemSummary(
+        name=stem, reference_source=(KB / f"{stem}.py").read_text(), shapes=SMALL_SHAPES.get(stem, {})
+    )
 
 
 # -- pure Python -------------------------------------------------------------------------------------
@@ -99,7 +100,9 @@ def sycl_ready() -> Iterator[None]:
 @pytest.mark.parametrize("stem", ["softmax", "vector_add"])
 def test_every_sycl_recipe_is_judged_correct(sycl_ready: None, stem: str, tmp_path: Path) -> None:
     problem = load_problem(KB / f"{stem}.py", SMALL_SHAPES[stem])
-    config = fast_config(tmp_path, backend="sycl", max_repeats=10, timeout_s=120.0, cache=False, shape_variants=0)
+    config = fast_config(
+        tmp_path, backend="sycl", max_repeats=10, timeout_s=120.0, cache=False, shape_variants=0
+    )
     recipes = OfflineGenerator().recipes(_summary(stem), "sycl")
     assert len(recipes) >= 2
     with Evaluator(problem, config) as evaluator:
@@ -112,10 +115,20 @@ def test_every_sycl_recipe_is_judged_correct(sycl_ready: None, stem: str, tmp_pa
 def test_kf_run_loop_on_sycl_finds_a_correct_kernel(sycl_ready: None, tmp_path: Path) -> None:
     shapes = SMALL_SHAPES["softmax"]
     sets = [
-        "backend.name=sycl", f"output_dir={tmp_path}", "budget.generations=1", "budget.proposals_per_generation=2",
-        "tuner.every=-1", "evaluation.trials=2", "evaluation.target_time_s=0.01", "evaluation.warmup_s=0.0",
-        "evaluation.min_repeats=3", "evaluation.max_repeats=10", "evaluation.rotate_bytes=0",
-        "evaluation.timeout_s=120", "evaluation.shape_variants=0", "evaluation.correctness_budget_s=0",
+        "backend.name=sycl",
+        f"output_dir={tmp_path}",
+        "budget.generations=1",
+        "budget.proposals_per_generation=2",
+        "tuner.every=-1",
+        "evaluation.trials=2",
+        "evaluation.target_time_s=0.01",
+        "evaluation.warmup_s=0.0",
+        "evaluation.min_repeats=3",
+        "evaluation.max_repeats=10",
+        "evaluation.rotate_bytes=0",
+        "evaluation.timeout_s=120",
+        "evaluation.shape_variants=0",
+        "evaluation.correctness_budget_s=0",
     ]
     args = ["kf-run", str(KB / "softmax.py"), *[x for s in sets for x in ("--set", s)]]
     args += [x for k, v in shapes.items() for x in ("--shape", f"{k}={v}")]

@@ -35,6 +35,9 @@ def _offline(options: OfflineOptions | None = None) -> OfflineGenerator:
 
 @hookimpl
 def kf_register_llms(register: Register) -> None:
-    register("offline", _offline, options=OfflineOptions,
-             description="cookbook kernels for recognised operation families (no language model)")
-
+    register(
+        "offline",
+        _offline,
+        options=OfflineOptions,
+        description="cookbook kernels for recognised operation families (no language model)",
+    )

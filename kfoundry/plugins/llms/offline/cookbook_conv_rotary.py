@@ -16,8 +16,7 @@ from kfoundry.plugins.llms.offline.recognize import OpSpec
 #: The filter geometry is compiled in (D_KS, D_STRIDE, D_PAD, read from the module in __init__), and so
 #: are the sizes (D_N, D_C, D_H, D_W, D_OH, D_OW): read from the input in forward, one build per shape
 #: (as runtime arguments the strip kernel ran 2.6x slower on PoCL).
-_CONV_DEFINES = ('{"D_KS": self.m0.kernel_size[0], "D_STRIDE": self.m0.stride[0], '
-                 '"D_PAD": self.m0.padding[0]}')
+_CONV_DEFINES = '{"D_KS": self.m0.kernel_size[0], "D_STRIDE": self.m0.stride[0], "D_PAD": self.m0.padding[0]}'
 
 
 def _conv_forward(spec: OpSpec, grid: str, block: str) -> str:
@@ -36,8 +35,10 @@ def _conv_forward(spec: OpSpec, grid: str, block: str) -> str:
 def conv_recipes(spec: OpSpec, language: str) -> list[Recipe]:
     bias_arg = "__global const float* restrict bias, " if spec.bias else ""
     bias_add = " + bias[c]" if spec.bias else ""
-    sig = (f"__global const float* restrict X, __global const float* restrict Wt, {bias_arg}"
-           "__global float* restrict Y")
+    sig = (
+        f"__global const float* restrict X, __global const float* restrict Wt, {bias_arg}"
+        "__global float* restrict Y"
+    )
     pre = ""
     naive = f"""{pre}
 __kernel void dwconv({sig}) {{
@@ -109,27 +110,72 @@ __kernel void dwconv({sig}) {{
     conv = (lambda s: s) if language == "opencl" else to_cuda
     blocks = [1, 2, 4, 8, 16, 32] if language == "opencl" else [8, 16, 32, 64]
     out = [
-        Recipe("depthwise_conv2d/naive", "depthwise_conv2d", language, conv(naive),
-               _conv_forward(spec, f"(_cdiv(OW, p['BLOCK_X']), _cdiv(OH, p['BLOCK_Y']), {nc})",
-                             "(p['BLOCK_X'], p['BLOCK_Y'], 1)"), ["x"],
-               TunableSpace(params={"BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
-                            restrictions=["BLOCK_X * BLOCK_Y <= 1024"]),
-               {"BLOCK_X": 16 if language == "opencl" else 32, "BLOCK_Y": 4}, rank=0, modules=spec.modules,
-               init_defines=_CONV_DEFINES, lazy=True, description="one output per work-item"),
-        Recipe("depthwise_conv2d/register_strip", "depthwise_conv2d", language, conv(strip),
-               _conv_forward(spec, f"(_cdiv(_cdiv(OW, p['OWT']), p['BLOCK_X']), _cdiv(OH, p['BLOCK_Y']), {nc})",
-                             "(p['BLOCK_X'], p['BLOCK_Y'], 1)"), ["x"],
-               TunableSpace(params={"OWT": [2, 4, 8, 16], "BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
-                            restrictions=["BLOCK_X * BLOCK_Y <= 1024"]),
-               {"OWT": 8, "BLOCK_X": 4 if language == "opencl" else 32, "BLOCK_Y": 4}, rank=1, modules=spec.modules,
-               init_defines=_CONV_DEFINES, lazy=True, description="a strip of OWT outputs per work-item, the filter in registers"),
-        Recipe("depthwise_conv2d/local_tile", "depthwise_conv2d", language, conv(tile),
-               _conv_forward(spec, f"(_cdiv(OW, p['TILE_X']), _cdiv(OH, p['TILE_Y']), {nc})",
-                             "(p['TILE_X'], p['TILE_Y'], 1)"), ["x"],
-               TunableSpace(params={"TILE_X": [8, 16, 32], "TILE_Y": [2, 4, 8, 16]},
-                            restrictions=["TILE_X * TILE_Y <= 1024"]),
-               {"TILE_X": 16 if language == "opencl" else 32, "TILE_Y": 8}, rank=2, modules=spec.modules,
-               init_defines=_CONV_DEFINES, lazy=True, description="a work-group tile with its input patch and halo in local memory"),
+        Recipe(
+            "depthwise_conv2d/naive",
+            "depthwise_conv2d",
+            language,
+            conv(naive),
+            _conv_forward(
+                spec,
+                f"(_cdiv(OW, p['BLOCK_X']), _cdiv(OH, p['BLOCK_Y']), {nc})",
+                "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            ),
+            ["x"],
+            TunableSpace(
+                params={"BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
+                restrictions=["BLOCK_X * BLOCK_Y <= 1024"],
+            ),
+            {"BLOCK_X": 16 if language == "opencl" else 32, "BLOCK_Y": 4},
+            rank=0,
+            modules=spec.modules,
+            init_defines=_CONV_DEFINES,
+            lazy=True,
+            description="one output per work-item",
+        ),
+        Recipe(
+            "depthwise_conv2d/register_strip",
+            "depthwise_conv2d",
+            language,
+            conv(strip),
+            _conv_forward(
+                spec,
+                f"(_cdiv(_cdiv(OW, p['OWT']), p['BLOCK_X']), _cdiv(OH, p['BLOCK_Y']), {nc})",
+                "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            ),
+            ["x"],
+            TunableSpace(
+                params={"OWT": [2, 4, 8, 16], "BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
+                restrictions=["BLOCK_X * BLOCK_Y <= 1024"],
+            ),
+            {"OWT": 8, "BLOCK_X": 4 if language == "opencl" else 32, "BLOCK_Y": 4},
+            rank=1,
+            modules=spec.modules,
+            init_defines=_CONV_DEFINES,
+            lazy=True,
+            description="a strip of OWT outputs per work-item, the filter in registers",
+        ),
+        Recipe(
+            "depthwise_conv2d/local_tile",
+            "depthwise_conv2d",
+            language,
+            conv(tile),
+            _conv_forward(
+                spec,
+                f"(_cdiv(OW, p['TILE_X']), _cdiv(OH, p['TILE_Y']), {nc})",
+                "(p['TILE_X'], p['TILE_Y'], 1)",
+            ),
+            ["x"],
+            TunableSpace(
+                params={"TILE_X": [8, 16, 32], "TILE_Y": [2, 4, 8, 16]},
+                restrictions=["TILE_X * TILE_Y <= 1024"],
+            ),
+            {"TILE_X": 16 if language == "opencl" else 32, "TILE_Y": 8},
+            rank=2,
+            modules=spec.modules,
+            init_defines=_CONV_DEFINES,
+            lazy=True,
+            description="a work-group tile with its input patch and halo in local memory",
+        ),
     ]
     return out
 
@@ -140,8 +186,10 @@ def _rot_forward(spec: OpSpec, grid: str, block: str, fallback: tuple[str, str] 
     a = spec.dims["axis"]
     call = f"self.prog.rotary(x, cos, sin, y, outer, S, inner, half, grid={grid}, block={block})"
     if fallback is not None:
-        call = (f"if half % 4 == 0 and _aligned(x, cos, sin, y):\n    {call}\nelse:\n"
-                f"    self.prog.{fallback[0]}(x, cos, sin, y, outer, S, inner, half, grid={fallback[1]}, block={block})")
+        call = (
+            f"if half % 4 == 0 and _aligned(x, cos, sin, y):\n    {call}\nelse:\n"
+            f"    self.prog.{fallback[0]}(x, cos, sin, y, outer, S, inner, half, grid={fallback[1]}, block={block})"
+        )
     return f"""
 outer, S, inner, half = _prod(x.shape[:{a}]), x.shape[{a}], _prod(x.shape[{a + 1}:-1]), x.shape[-1] // 2
 pairs = outer * S * inner * half
@@ -153,9 +201,11 @@ return y
 
 def rotary_recipes(spec: OpSpec, language: str) -> list[Recipe]:
     pre = ""
-    sig = ("__global const float* restrict X, __global const float* restrict COS, "
-           "__global const float* restrict SIN, __global float* restrict Y, int R_OUTER, int R_S, int R_INNER, "
-           "int R_HALF")
+    sig = (
+        "__global const float* restrict X, __global const float* restrict COS, "
+        "__global const float* restrict SIN, __global float* restrict Y, int R_OUTER, int R_S, int R_INNER, "
+        "int R_HALF"
+    )
     naive = f"""{pre}
 __kernel void rotary({sig}) {{
     int g = get_global_id(0);
@@ -187,14 +237,30 @@ __kernel void rotary({sig}) {{
     conv = (lambda s: s) if language == "opencl" else to_cuda
     blocks = [16, 64, 256] if language == "opencl" else [64, 128, 256, 512]
     out = [
-        Recipe("rotary/naive", "rotary", language, conv(naive),
-               _rot_forward(spec, "(_cdiv(pairs, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
-               ["x", "cos", "sin"], TunableSpace(params={"BLOCK_X": blocks}), {"BLOCK_X": blocks[1]}, rank=0,
-               description="one rotated pair per work-item"),
-        Recipe("rotary/heads_loop", "rotary", language, conv(heads),
-               _rot_forward(spec, "(_cdiv(outer * S * half, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
-               ["x", "cos", "sin"], TunableSpace(params={"BLOCK_X": blocks}), {"BLOCK_X": blocks[1]}, rank=1,
-               description="cos/sin loaded once per (position, column), reused across heads, FMA"),
+        Recipe(
+            "rotary/naive",
+            "rotary",
+            language,
+            conv(naive),
+            _rot_forward(spec, "(_cdiv(pairs, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+            ["x", "cos", "sin"],
+            TunableSpace(params={"BLOCK_X": blocks}),
+            {"BLOCK_X": blocks[1]},
+            rank=0,
+            description="one rotated pair per work-item",
+        ),
+        Recipe(
+            "rotary/heads_loop",
+            "rotary",
+            language,
+            conv(heads),
+            _rot_forward(spec, "(_cdiv(outer * S * half, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)"),
+            ["x", "cos", "sin"],
+            TunableSpace(params={"BLOCK_X": blocks}),
+            {"BLOCK_X": blocks[1]},
+            rank=1,
+            description="cos/sin loaded once per (position, column), reused across heads, FMA",
+        ),
     ]
     vws = [2, 4, 8]  # a row's last half % VW columns: scalar
     if language == "opencl" and vws:
@@ -221,14 +287,27 @@ __kernel void rotary({sig}) {{
     VSTOREV(x2 * c + x1 * sn, jv, yr + R_HALF);
 }}
 """
-        out.append(Recipe(
-            "rotary/vector", "rotary", language, vec,
-            _rot_forward(spec, "(_cdiv(outer * S * inner * _cdiv(half, p['VW']), p['BLOCK_X']), 1, 1)",
-                         "(p['BLOCK_X'], 1, 1)"),
-            ["x", "cos", "sin"], TunableSpace(params={"VW": vws, "BLOCK_X": [1, 4, 16, 64]}),
-            {"VW": vws[-1], "BLOCK_X": 16}, rank=2, description="vector loads of both halves and of cos/sin",
-        ))
-    if language == "cuda":  # float4 where half % 4 == 0 and every tensor is 16-byte aligned, else rotary_scalar
+        out.append(
+            Recipe(
+                "rotary/vector",
+                "rotary",
+                language,
+                vec,
+                _rot_forward(
+                    spec,
+                    "(_cdiv(outer * S * inner * _cdiv(half, p['VW']), p['BLOCK_X']), 1, 1)",
+                    "(p['BLOCK_X'], 1, 1)",
+                ),
+                ["x", "cos", "sin"],
+                TunableSpace(params={"VW": vws, "BLOCK_X": [1, 4, 16, 64]}),
+                {"VW": vws[-1], "BLOCK_X": 16},
+                rank=2,
+                description="vector loads of both halves and of cos/sin",
+            )
+        )
+    if (
+        language == "cuda"
+    ):  # float4 where half % 4 == 0 and every tensor is 16-byte aligned, else rotary_scalar
         scalar = conv(naive).replace("void rotary(", "void rotary_scalar(")
         vec = f"""{scalar}
 extern "C" __global__ void rotary(const float* __restrict__ X, const float* __restrict__ COS,
@@ -249,15 +328,29 @@ extern "C" __global__ void rotary(const float* __restrict__ X, const float* __re
                                       fmaf(b.z, c.z, a.z * n.z), fmaf(b.w, c.w, a.w * n.w));
 }}
 """
-        out.append(Recipe(
-            "rotary/vector", "rotary", language, vec,
-            _rot_forward(spec, "(_cdiv(pairs // 4, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)",
-                         fallback=("rotary_scalar", "(_cdiv(pairs, p['BLOCK_X']), 1, 1)")),
-            ["x", "cos", "sin"], TunableSpace(params={"BLOCK_X": blocks}), {"BLOCK_X": 256}, rank=2,
-            description="float4 loads of both halves and of cos/sin",
-        ))
+        out.append(
+            Recipe(
+                "rotary/vector",
+                "rotary",
+                language,
+                vec,
+                _rot_forward(
+                    spec,
+                    "(_cdiv(pairs // 4, p['BLOCK_X']), 1, 1)",
+                    "(p['BLOCK_X'], 1, 1)",
+                    fallback=("rotary_scalar", "(_cdiv(pairs, p['BLOCK_X']), 1, 1)"),
+                ),
+                ["x", "cos", "sin"],
+                TunableSpace(params={"BLOCK_X": blocks}),
+                {"BLOCK_X": 256},
+                rank=2,
+                description="float4 loads of both halves and of cos/sin",
+            )
+        )
     return out
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    return conv_recipes(spec, language) if spec.family == "depthwise_conv2d" else rotary_recipes(spec, language)
+    return (
+        conv_recipes(spec, language) if spec.family == "depthwise_conv2d" else rotary_recipes(spec, language)
+    )

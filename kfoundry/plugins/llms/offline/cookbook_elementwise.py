@@ -50,14 +50,27 @@ __kernel void elementwise({sig}) {{
 }}
 """
     body, args = _forward(spec, "(_cdiv(n, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
-    out.append(Recipe("elementwise/naive", "elementwise", "opencl", naive, body, args,
-                      TunableSpace(params={"BLOCK_X": [16, 64, 256]}), {"BLOCK_X": 64}, rank=0,
-                      description="one element per work-item"))
+    out.append(
+        Recipe(
+            "elementwise/naive",
+            "elementwise",
+            "opencl",
+            naive,
+            body,
+            args,
+            TunableSpace(params={"BLOCK_X": [16, 64, 256]}),
+            {"BLOCK_X": 64},
+            rank=0,
+            description="one element per work-item",
+        )
+    )
     # full vectors where VW elements remain, the last n % VW elements scalar (vloadn needs only float alignment)
     vws = [4, 8]
     sloads = _loads(spec, "e")
     stail = f"for (int e = c * VW; e < n; ++e) {{ {sloads} Y[e] = {expr}; }}"
-    vl = " ".join(f"float s{k}[VW]; VSTOREV(VLOADV(c, in{k}), 0, s{k});" for k in range(len(spec.input_shapes)))
+    vl = " ".join(
+        f"float s{k}[VW]; VSTOREV(VLOADV(c, in{k}), 0, s{k});" for k in range(len(spec.input_shapes))
+    )
     comp = " ".join(f"float v{k} = s{k}[u];" for k in range(len(spec.input_shapes)))
     vec = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
 __kernel void elementwise({sig}) {{
@@ -75,11 +88,23 @@ __kernel void elementwise({sig}) {{
     }}
 }}
 """
-    body, args = _forward(spec, "(_cdiv(_cdiv(n, p['VW']), p['BLOCK_X'] * p['WPT']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
-    out.append(Recipe("elementwise/vector", "elementwise", "opencl", vec, body, args,
-                      TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
-                      {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=1,
-                      description="vector loads and stores, WPT vectors per work-item"))
+    body, args = _forward(
+        spec, "(_cdiv(_cdiv(n, p['VW']), p['BLOCK_X'] * p['WPT']), 1, 1)", "(p['BLOCK_X'], 1, 1)"
+    )
+    out.append(
+        Recipe(
+            "elementwise/vector",
+            "elementwise",
+            "opencl",
+            vec,
+            body,
+            args,
+            TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
+            {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16},
+            rank=1,
+            description="vector loads and stores, WPT vectors per work-item",
+        )
+    )
     # the whole chain in vector arithmetic (vector exp/erf/tanh...; ?: selects per lane, not on SYCL)
     vloads = " ".join(f"floatv v{k} = VLOADV(c, in{k});" for k in range(len(spec.input_shapes)))
     vmath = f"""{OPENCL_VECTOR_HELPERS}{prelude(expr, "opencl")}
@@ -94,10 +119,21 @@ __kernel void elementwise({sig}) {{
     }}
 }}
 """
-    out.append(Recipe("elementwise/vector_math", "elementwise", "opencl", vmath, body, args,
-                      TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
-                      {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16}, rank=2, sycl_ok="?" not in expr,
-                      description="the fused chain evaluated in vector arithmetic (vector math functions)"))
+    out.append(
+        Recipe(
+            "elementwise/vector_math",
+            "elementwise",
+            "opencl",
+            vmath,
+            body,
+            args,
+            TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
+            {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16},
+            rank=2,
+            sycl_ok="?" not in expr,
+            description="the fused chain evaluated in vector arithmetic (vector math functions)",
+        )
+    )
     return out
 
 
@@ -115,9 +151,20 @@ extern "C" __global__ void elementwise({sig}) {{
 }}
 """
     body, args = _forward(spec, "(_cdiv(n, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)")
-    out.append(Recipe("elementwise/naive", "elementwise", "cuda", naive, body, args,
-                      TunableSpace(params={"BLOCK_X": [64, 128, 256, 512, 1024]}), {"BLOCK_X": 256}, rank=0,
-                      description="one element per thread"))
+    out.append(
+        Recipe(
+            "elementwise/naive",
+            "elementwise",
+            "cuda",
+            naive,
+            body,
+            args,
+            TunableSpace(params={"BLOCK_X": [64, 128, 256, 512, 1024]}),
+            {"BLOCK_X": 256},
+            rank=0,
+            description="one element per thread",
+        )
+    )
     nin = len(spec.input_shapes)
     loads = " ".join(f"float4 q{k} = __ldg(reinterpret_cast<const float4*>(in{k}) + c);" for k in range(nin))
 
@@ -141,13 +188,25 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
 }}
 """
     body, args = _forward(
-        spec, "(max(1, min(_cdiv(_cdiv(n, 4), p['BLOCK_X']), p['WAVES'] * 132)), 1, 1)", "(p['BLOCK_X'], 1, 1)",
+        spec,
+        "(max(1, min(_cdiv(_cdiv(n, 4), p['BLOCK_X']), p['WAVES'] * 132)), 1, 1)",
+        "(p['BLOCK_X'], 1, 1)",
         extra=f", int(_aligned({', '.join(f'x{k}' for k in range(nin))}, y))",
     )
-    out.append(Recipe("elementwise/vector_grid_stride", "elementwise", "cuda", vec, body, args,
-                      TunableSpace(params={"BLOCK_X": [128, 256, 512, 1024], "WAVES": [1, 2, 4, 8, 16, 64]}),
-                      {"BLOCK_X": 256, "WAVES": 8}, rank=1,
-                      description="float4 loads/stores, grid-stride loop sized in waves of the SMs"))
+    out.append(
+        Recipe(
+            "elementwise/vector_grid_stride",
+            "elementwise",
+            "cuda",
+            vec,
+            body,
+            args,
+            TunableSpace(params={"BLOCK_X": [128, 256, 512, 1024], "WAVES": [1, 2, 4, 8, 16, 64]}),
+            {"BLOCK_X": 256, "WAVES": 8},
+            rank=1,
+            description="float4 loads/stores, grid-stride loop sized in waves of the SMs",
+        )
+    )
     out.append(_vector_ilp(spec, expr, sig, nin))
     return out
 
@@ -223,12 +282,21 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
         extra=f", int(_aligned({', '.join(f'x{k}' for k in range(nin))}, y))",
     )
     fast = [1, 0] if "tanhf(" in expr else [0]
-    return Recipe("elementwise/vector_ilp", "elementwise", "cuda", kernel, body, args,
-                  TunableSpace(params={"BLOCK_X": [128, 256, 512], "WAVES": [0, 4, 8, 16, 32], "ILP": [1, 2, 4],
-                                       "FAST": fast}),
-                  {"BLOCK_X": 256, "WAVES": 0, "ILP": 2, "FAST": fast[0]}, rank=2,
-                  description="float4, ILP vectors in flight per thread (WAVES 0: one pass over a full grid, "
-                  "else a grid-stride loop over WAVES x 132 blocks), tanh through one exp")
+    return Recipe(
+        "elementwise/vector_ilp",
+        "elementwise",
+        "cuda",
+        kernel,
+        body,
+        args,
+        TunableSpace(
+            params={"BLOCK_X": [128, 256, 512], "WAVES": [0, 4, 8, 16, 32], "ILP": [1, 2, 4], "FAST": fast}
+        ),
+        {"BLOCK_X": 256, "WAVES": 0, "ILP": 2, "FAST": fast[0]},
+        rank=2,
+        description="float4, ILP vectors in flight per thread (WAVES 0: one pass over a full grid, "
+        "else a grid-stride loop over WAVES x 132 blocks), tanh through one exp",
+    )
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:

@@ -77,14 +77,20 @@ def _forward(
     a, b = ("x", "wt") if spec.linear else ("a", "b")
     bias = "self.m0.bias, " if spec.bias else ""
     call = f"self.prog.matmul({a}, {b}, {bias}c, M, N, K, grid={grid}, block={block})"
-    if width:  # the kernel covers the first NF columns (whole vectors, the grid sized by NF); matmul_tail the rest
-        call = (f"NF = N - N % ({width})\nif NF:\n    {call}\nif NF < N:\n"
-                f"    self.prog.matmul_tail({a}, {b}, {bias}c, M, N, K, NF, grid=(N - NF, _cdiv(M, 16), 1), "
-                "block=(1, 16, 1))")
+    if (
+        width
+    ):  # the kernel covers the first NF columns (whole vectors, the grid sized by NF); matmul_tail the rest
+        call = (
+            f"NF = N - N % ({width})\nif NF:\n    {call}\nif NF < N:\n"
+            f"    self.prog.matmul_tail({a}, {b}, {bias}c, M, N, K, NF, grid=(N - NF, _cdiv(M, 16), 1), "
+            "block=(1, 16, 1))"
+        )
     if fallback is not None:
         name, fgrid, cond = fallback
-        call = (f"if {cond} and _aligned({b}, c):\n    {call}\nelse:\n"
-                f"    self.prog.{name}({a}, {b}, {bias}c, M, N, K, grid={fgrid}, block={block})")
+        call = (
+            f"if {cond} and _aligned({b}, c):\n    {call}\nelse:\n"
+            f"    self.prog.{name}({a}, {b}, {bias}c, M, N, K, grid={fgrid}, block={block})"
+        )
     if spec.linear:
         head = """M, K = x.shape
 w = self.m0.weight
@@ -158,7 +164,8 @@ __kernel void matmul({args}) {{
         body, fargs = _forward(
             spec,
             "(_cdiv(NF // p['VW'], p['BLOCK_X']), _cdiv(M, p['BLOCK_Y']), 1)",
-            "(p['BLOCK_X'], p['BLOCK_Y'], 1)", width="p['VW']",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            width="p['VW']",
         )
         out.append(
             Recipe(
@@ -207,7 +214,8 @@ __kernel void matmul({args}) {{
         body, fargs = _forward(
             spec,
             "(_cdiv(NF // p['VW'], p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
-            "(p['BLOCK_X'], p['BLOCK_Y'], 1)", width="p['VW']",
+            "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            width="p['VW']",
         )
         out.append(
             Recipe(
@@ -389,16 +397,29 @@ __kernel void matmul({args}) {{
     body, fargs = _forward(
         spec,
         "(_cdiv(NF // (p['VW'] * p['NB']), p['BLOCK_X']), _cdiv(_cdiv(M, p['TM']), p['BLOCK_Y']), 1)",
-        "(p['BLOCK_X'], p['BLOCK_Y'], 1)", width="p['VW'] * p['NB']",
+        "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+        width="p['VW'] * p['NB']",
     )
     return Recipe(
-        "matmul/register_block_2d", "matmul", "opencl", kernel, body, fargs,
+        "matmul/register_block_2d",
+        "matmul",
+        "opencl",
+        kernel,
+        body,
+        fargs,
         TunableSpace(
-            params={"VW": vws, "NB": nbs, "TM": [2, 4, 6, 8], "BLOCK_X": [1, 2, 4, 8], "BLOCK_Y": [1, 2, 4, 8]},
+            params={
+                "VW": vws,
+                "NB": nbs,
+                "TM": [2, 4, 6, 8],
+                "BLOCK_X": [1, 2, 4, 8],
+                "BLOCK_Y": [1, 2, 4, 8],
+            },
             restrictions=["BLOCK_X * BLOCK_Y <= 256", "TM * NB <= 16"],
         ),
         {"VW": vws[-1], "NB": nb0, "TM": 8, "BLOCK_X": 4, "BLOCK_Y": 1},
-        rank=5, modules=spec.modules,
+        rank=5,
+        modules=spec.modules,
         description="a TM x (NB*VW) block of C per work-item: each A value feeds NB vector multiply-adds",
     )
 
@@ -816,8 +837,10 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul({args}) {{
         ),
     )
     # the fallback launches with the main kernel's block: (256, 1, 1) is 16 x 16 flattened there
-    body = body.replace("grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(256, 1, 1)",
-                        "grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1)")
+    body = body.replace(
+        "grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(256, 1, 1)",
+        "grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1)",
+    )
     return Recipe(
         "matmul/sgemm_128x128",
         "matmul",

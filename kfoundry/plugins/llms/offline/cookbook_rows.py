@@ -75,7 +75,8 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     ).replace("REDUCE_OUT", "1" if op.reduce else "0")
     stmts, expr = multipass(spec, lang, "xr[(long)({r}) * inner]")
     write = (
-        f"yr[0] = {expr};" if op.reduce
+        f"yr[0] = {expr};"
+        if op.reduce
         else f"for (int r = 0; r < R; ++r) {{ float x = xr[(long)r * inner]; int j = r; yr[(long)r * inner] = {expr}; }}"
     )
     naive = f"""
@@ -86,12 +87,25 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
 }}
 """
     grid1 = "(_cdiv(outer * inner, p['BLOCK_X']), 1, 1)"
-    out.append(Recipe(f"{fam}/naive", fam, lang, naive, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
-                      _space_1d([1, 4, 16, 64]), {"BLOCK_X": 16}, rank=0, modules=mods,
-                      description="one work-item per row, one pass over the row per statistic"))
+    out.append(
+        Recipe(
+            f"{fam}/naive",
+            fam,
+            lang,
+            naive,
+            _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"),
+            ["x"],
+            _space_1d([1, 4, 16, 64]),
+            {"BLOCK_X": 16},
+            rank=0,
+            modules=mods,
+            description="one work-item per row, one pass over the row per statistic",
+        )
+    )
 
     final_write = (
-        f"yr[0] = {op.result};" if op.reduce
+        f"yr[0] = {op.result};"
+        if op.reduce
         else _write_loop(op, spec, "0", "1", "xr[(long)r * inner]", "yr[(long)r * inner]")
     )
     online = f"""
@@ -103,14 +117,29 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     {final_write}
 }}
 """
-    out.append(Recipe(f"{fam}/online", fam, lang, online, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
-                      _space_1d([1, 4, 16, 64]), {"BLOCK_X": 16}, rank=1, modules=mods,
-                      description="one work-item per row, single-pass online statistics"))
+    out.append(
+        Recipe(
+            f"{fam}/online",
+            fam,
+            lang,
+            online,
+            _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"),
+            ["x"],
+            _space_1d([1, 4, 16, 64]),
+            {"BLOCK_X": 16},
+            rank=1,
+            modules=mods,
+            description="one work-item per row, single-pass online statistics",
+        )
+    )
 
     # vector recipes need rows along the last dimension; a row's last R % VW elements take a scalar tail
     vws = [2, 4, 8] if spec.inner == 1 else []
     if vws:
-        vwrite = "" if op.reduce else f"""
+        vwrite = (
+            ""
+            if op.reduce
+            else f"""
     for (int c = 0; c < R / VW; ++c) {{
         float xs[VW];
         VSTOREV(VLOADV(c, xr), 0, xs);
@@ -119,6 +148,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
         VSTOREV(VLOADV(0, xs), c, yr);
     }}
     for (int j = (R / VW) * VW; j < R; ++j) {{ float x = xr[j]; yr[j] = {op.out}; }}"""
+        )
         vec = f"""{OPENCL_VECTOR_HELPERS}
 {_head(lang)}({sig}) {{
     {setup}
@@ -134,10 +164,21 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     {f"yr[0] = {op.result};" if op.reduce else ""}{vwrite}
 }}
 """
-        out.append(Recipe(f"{fam}/vector", fam, lang, vec, _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"],
-                          TunableSpace(params={"VW": vws, "BLOCK_X": [1, 4, 16, 64]}),
-                          {"VW": vws[-1], "BLOCK_X": 4}, rank=1, modules=mods,
-                          description="one work-item per row, vector loads, online statistics"))
+        out.append(
+            Recipe(
+                f"{fam}/vector",
+                fam,
+                lang,
+                vec,
+                _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"),
+                ["x"],
+                TunableSpace(params={"VW": vws, "BLOCK_X": [1, 4, 16, 64]}),
+                {"VW": vws[-1], "BLOCK_X": 4},
+                rank=1,
+                modules=mods,
+                description="one work-item per row, vector loads, online statistics",
+            )
+        )
 
     if vws and fam in ("softmax", "log_softmax", "rms_norm", "layer_norm"):
         out.append(_opencl_vector_native(spec, sig, setup, grid1, vws))
@@ -147,7 +188,8 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     load_o = " ".join(f"float {n}_o = sh_{n}[(tr + s) * BI + ti];" for n in names)
     bcast = " ".join(f"{n} = sh_{n}[ti];" for n in names)
     wg_write = (
-        f"if (tr == 0 && valid) Y[(long)o * inner + i] = {op.result};" if op.reduce
+        f"if (tr == 0 && valid) Y[(long)o * inner + i] = {op.result};"
+        if op.reduce
         else "if (valid) " + _write_loop(op, spec, "tr", "BR", "xr[(long)r * inner]", "yr[(long)r * inner]")
     )
     wg = f"""
@@ -172,16 +214,27 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
 }}
 """
     bis = [1] if spec.inner == 1 else [1, 4, 16]
-    out.append(Recipe(
-        f"{fam}/workgroup", fam, lang, wg,
-        _forward(spec, "(_cdiv(inner, p['BI']), outer, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
-        TunableSpace(params={"BI": bis, "BR": [2, 4, 8, 16, 32, 64]}, restrictions=["BI * BR <= 256"]),
-        {"BI": bis[-1], "BR": 16 if spec.inner == 1 else 4}, rank=2, modules=mods,
-        description="a work-group per row: strided online statistics, local-memory tree merge",
-    ))
+    out.append(
+        Recipe(
+            f"{fam}/workgroup",
+            fam,
+            lang,
+            wg,
+            _forward(spec, "(_cdiv(inner, p['BI']), outer, 1)", "(p['BI'], p['BR'], 1)"),
+            ["x"],
+            TunableSpace(params={"BI": bis, "BR": [2, 4, 8, 16, 32, 64]}, restrictions=["BI * BR <= 256"]),
+            {"BI": bis[-1], "BR": 16 if spec.inner == 1 else 4},
+            rank=2,
+            modules=mods,
+            description="a work-group per row: strided online statistics, local-memory tree merge",
+        )
+    )
 
     if vws:
-        cw = "" if op.reduce else f"""
+        cw = (
+            ""
+            if op.reduce
+            else f"""
     #pragma unroll
     for (int c = 0; c < CH; ++c) {{
         int cc = tr + c * BR;
@@ -194,6 +247,7 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
         }}
     }}
     if (tr == 0) for (int j = (ROW_LEN / VW) * VW; j < ROW_LEN; ++j) {{ float x = xr[j]; yr[j] = {op.out}; }}"""
+        )
         shared1 = "\n    ".join(f"__local float sh_{n}[BR];" for n in names)
         save1 = " ".join(f"sh_{n}[tr] = {n};" for n in names)
         load1 = " ".join(f"float {n}_o = sh_{n}[tr + s];" for n in names)
@@ -232,14 +286,25 @@ def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     {f"if (tr == 0) Y[o] = {op.result};" if op.reduce else ""}{cw}
 }}
 """
-        out.append(Recipe(
-            f"{fam}/workgroup_register_cache", fam, lang, cached,
-            _forward(spec, "(outer, 1, 1)", "(p['BR'], 1, 1)", program="self._program(ROW_LEN=R)"), ["x"],
-            TunableSpace(params={"VW": vws, "BR": [1, 2, 4, 8, 16, 32, 64, 128]},
-                         restrictions=[f"({spec.R} // VW + BR - 1) // BR <= 64"]),
-            {"VW": vws[-1], "BR": 16}, rank=3, modules=mods, lazy=True,
-            description="a work-group per row, vector loads, the row cached in registers (read once)",
-        ))
+        out.append(
+            Recipe(
+                f"{fam}/workgroup_register_cache",
+                fam,
+                lang,
+                cached,
+                _forward(spec, "(outer, 1, 1)", "(p['BR'], 1, 1)", program="self._program(ROW_LEN=R)"),
+                ["x"],
+                TunableSpace(
+                    params={"VW": vws, "BR": [1, 2, 4, 8, 16, 32, 64, 128]},
+                    restrictions=[f"({spec.R} // VW + BR - 1) // BR <= 64"],
+                ),
+                {"VW": vws[-1], "BR": 16},
+                rank=3,
+                modules=mods,
+                lazy=True,
+                description="a work-group per row, vector loads, the row cached in registers (read once)",
+            )
+        )
     return out
 
 
@@ -313,9 +378,17 @@ def _opencl_vector_native(spec: OpSpec, sig: str, setup: str, grid: str, vws: li
 }}
 """
     return Recipe(
-        f"{fam}/vector_passes", fam, "opencl", kernel, _forward(spec, grid, "(p['BLOCK_X'], 1, 1)"), ["x"],
-        TunableSpace(params={"VW": vws, "BLOCK_X": [1, 2, 4, 8, 16]}), {"VW": vws[-1], "BLOCK_X": 1},
-        rank=2, modules=spec.modules, description="one work-item per row, every pass in vector arithmetic",
+        f"{fam}/vector_passes",
+        fam,
+        "opencl",
+        kernel,
+        _forward(spec, grid, "(p['BLOCK_X'], 1, 1)"),
+        ["x"],
+        TunableSpace(params={"VW": vws, "BLOCK_X": [1, 2, 4, 8, 16]}),
+        {"VW": vws[-1], "BLOCK_X": 1},
+        rank=2,
+        modules=spec.modules,
+        description="one work-item per row, every pass in vector arithmetic",
     )
 
 
@@ -333,23 +406,36 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     )
     stmts, expr = multipass(spec, lang, "xr[(size_t)({r}) * inner]")
     write = (
-        f"yr[0] = {expr};" if op.reduce
+        f"yr[0] = {expr};"
+        if op.reduce
         else f"for (int r = 0; r < R; ++r) {{ float x = xr[(size_t)r * inner]; int j = r; yr[(size_t)r * inner] = {expr}; }}"
     )
     grid1 = "(_cdiv(outer * inner, p['BLOCK_X']), 1, 1)"
-    out.append(Recipe(
-        f"{fam}/naive", fam, lang, f"\n{_head(lang)}({sig}) {{\n    {setup}\n    {stmts}\n    {write}\n}}\n",
-        _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"), ["x"], _space_1d([32, 64, 128, 256]), {"BLOCK_X": 128},
-        rank=0, modules=mods, description="one thread per row, one pass per statistic",
-    ))
+    out.append(
+        Recipe(
+            f"{fam}/naive",
+            fam,
+            lang,
+            f"\n{_head(lang)}({sig}) {{\n    {setup}\n    {stmts}\n    {write}\n}}\n",
+            _forward(spec, grid1, "(p['BLOCK_X'], 1, 1)"),
+            ["x"],
+            _space_1d([32, 64, 128, 256]),
+            {"BLOCK_X": 128},
+            rank=0,
+            modules=mods,
+            description="one thread per row, one pass per statistic",
+        )
+    )
     names = [n for n, _ in op.stats]
     shared = "\n    ".join(f"__shared__ float sh_{n}[BR * BI];" for n in names)
     save = " ".join(f"sh_{n}[tr * BI + ti] = {n};" for n in names)
     load_o = " ".join(f"float {n}_o = sh_{n}[(tr + s) * BI + ti];" for n in names)
     bcast = " ".join(f"{n} = sh_{n}[ti];" for n in names)
     wg_write = (
-        f"if (tr == 0 && valid) Y[(size_t)o * inner + i] = {op.result};" if op.reduce
-        else "if (valid) " + _write_loop(op, spec, "tr", "BR", "xr[(size_t)r * inner]", "yr[(size_t)r * inner]")
+        f"if (tr == 0 && valid) Y[(size_t)o * inner + i] = {op.result};"
+        if op.reduce
+        else "if (valid) "
+        + _write_loop(op, spec, "tr", "BR", "xr[(size_t)r * inner]", "yr[(size_t)r * inner]")
     )
     wg = f"""
 {_head(lang)}({sig}) {{
@@ -373,14 +459,24 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
 }}
 """
     bis = [1] if spec.inner == 1 else [8, 16, 32]
-    out.append(Recipe(
-        f"{fam}/block_tree", fam, lang, wg,
-        _forward(spec, "(_cdiv(inner, p['BI']), outer, 1)", "(p['BI'], p['BR'], 1)"), ["x"],
-        TunableSpace(params={"BI": bis, "BR": [4, 8, 16, 32, 64, 128, 256]},
-                     restrictions=["BI * BR <= 1024", "BI * BR >= 32"]),
-        {"BI": bis[-1], "BR": 256 if spec.inner == 1 else 8}, rank=2, modules=mods,
-        description="a block per row, strided online statistics, shared-memory tree merge",
-    ))
+    out.append(
+        Recipe(
+            f"{fam}/block_tree",
+            fam,
+            lang,
+            wg,
+            _forward(spec, "(_cdiv(inner, p['BI']), outer, 1)", "(p['BI'], p['BR'], 1)"),
+            ["x"],
+            TunableSpace(
+                params={"BI": bis, "BR": [4, 8, 16, 32, 64, 128, 256]},
+                restrictions=["BI * BR <= 1024", "BI * BR >= 32"],
+            ),
+            {"BI": bis[-1], "BR": 256 if spec.inner == 1 else 8},
+            rank=2,
+            modules=mods,
+            description="a block per row, strided online statistics, shared-memory tree merge",
+        )
+    )
     if spec.inner != 1:
         return out
     shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
@@ -392,7 +488,8 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
         "    else for (int r = lane; r < R; r += 32) { float x = __ldg(xr + r); ACC }"
     ).replace("ACC", op.acc)
     warp_write = (
-        f"if (lane == 0) Y[row] = {op.result};" if op.reduce
+        f"if (lane == 0) Y[row] = {op.result};"
+        if op.reduce
         else f"for (int r = lane; r < R; r += 32) {{ float x = __ldg(xr + r); int j = r; yr[r] = {op.out}; }}"
     )
     warp = f"""
@@ -411,20 +508,35 @@ def cuda_recipes(spec: OpSpec) -> list[Recipe]:
     {warp_write}
 }}
 """
-    out.append(Recipe(
-        f"{fam}/warp_shuffle", fam, lang, warp,
-        _forward(spec, "(_cdiv(outer * 32, p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)",
-                 extra=", int(R % 4 == 0 and _aligned(x))"), ["x"],
-        _space_1d([32, 64, 128, 256]), {"BLOCK_X": 128}, rank=2, modules=mods,
-        description="a warp per row, warp-shuffle merge of online statistics",
-    ))
+    out.append(
+        Recipe(
+            f"{fam}/warp_shuffle",
+            fam,
+            lang,
+            warp,
+            _forward(
+                spec,
+                "(_cdiv(outer * 32, p['BLOCK_X']), 1, 1)",
+                "(p['BLOCK_X'], 1, 1)",
+                extra=", int(R % 4 == 0 and _aligned(x))",
+            ),
+            ["x"],
+            _space_1d([32, 64, 128, 256]),
+            {"BLOCK_X": 128},
+            rank=2,
+            modules=mods,
+            description="a warp per row, warp-shuffle merge of online statistics",
+        )
+    )
     save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
     load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
     bc_w = " ".join(f"sh_{n}[0] = {n};" for n in names)
     get_w = " ".join(f"{n} = sh_{n}[0];" for n in names)
     shared_w = "\n    ".join(f"__shared__ float sh_{n}[32];" for n in names)
     hier_write = (
-        f"if (threadIdx.x == 0) Y[row] = {op.result};" if op.reduce else f"""
+        f"if (threadIdx.x == 0) Y[row] = {op.result};"
+        if op.reduce
+        else f"""
     if (!vec4) {{
         for (int r = threadIdx.x; r < R; r += BLOCK) {{ float x = __ldg(X + (size_t)row * R + r); int j = r; Y[(size_t)row * R + r] = {op.out}; }}
         return;
@@ -484,15 +596,31 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner
     {hier_write}
 }}
 """
-    out.append(Recipe(
-        f"{fam}/block_hierarchical", fam, lang, hier,
-        _forward(spec, "(outer, 1, 1)", "(p['BLOCK'], 1, 1)", program="self._program(ROW_LEN=R)",
-                 extra=", int(R % 4 == 0 and _aligned(x, y))"), ["x"],
-        TunableSpace(params={"BLOCK": [64, 128, 256, 512, 1024]},
-                     restrictions=[f"({spec.R} // 4 + BLOCK - 1) // BLOCK <= 32"]),
-        {"BLOCK": 256}, rank=3, modules=mods, lazy=True,
-        description="a block per row: float4 loads cached in registers, warp shuffles then shared memory",
-    ))
+    out.append(
+        Recipe(
+            f"{fam}/block_hierarchical",
+            fam,
+            lang,
+            hier,
+            _forward(
+                spec,
+                "(outer, 1, 1)",
+                "(p['BLOCK'], 1, 1)",
+                program="self._program(ROW_LEN=R)",
+                extra=", int(R % 4 == 0 and _aligned(x, y))",
+            ),
+            ["x"],
+            TunableSpace(
+                params={"BLOCK": [64, 128, 256, 512, 1024]},
+                restrictions=[f"({spec.R} // 4 + BLOCK - 1) // BLOCK <= 32"],
+            ),
+            {"BLOCK": 256},
+            rank=3,
+            modules=mods,
+            lazy=True,
+            description="a block per row: float4 loads cached in registers, warp shuffles then shared memory",
+        )
+    )
     if not op.reduce:
         out.append(_cluster_rows(spec, op, sig, warp))
     return out
@@ -596,9 +724,18 @@ else:
 return y
 """
     return Recipe(
-        f"{spec.family}/cluster_smem", spec.family, "cuda", kernel, forward, ["x"],
-        TunableSpace(params={"BLOCK": [256, 512, 1024]}), {"BLOCK": 1024},
-        rank=4, modules=spec.modules, lazy=True, preamble=_CLUSTER_PY,
+        f"{spec.family}/cluster_smem",
+        spec.family,
+        "cuda",
+        kernel,
+        forward,
+        ["x"],
+        TunableSpace(params={"BLOCK": [256, 512, 1024]}),
+        {"BLOCK": 1024},
+        rank=4,
+        modules=spec.modules,
+        lazy=True,
+        preamble=_CLUSTER_PY,
         description="a cluster of blocks per row, the row in shared memory, statistics merged through "
         "distributed shared memory: one read and one write",
     )
@@ -624,7 +761,8 @@ def split_rows(spec: OpSpec, language: str) -> Recipe | None:
     int r0 = chunk * per, r1 = min(R, r0 + per);
     __global const float* xr = X + (long)o * R;"""
     write = (
-        f"if (chunk == 0 && tr == 0) Y[o] = {op.result};" if op.reduce
+        f"if (chunk == 0 && tr == 0) Y[o] = {op.result};"
+        if op.reduce
         else f"__global float* yr = Y + (long)o * R;\n    for (int r = r0 + tr; r < r1; r += BR) "
         f"{{ float x = xr[r]; int j = r; yr[r] = {op.out}; }}"
     )
@@ -664,9 +802,16 @@ return y
     brs = [16, 32, 64, 128] if language == "opencl" else [128, 256, 512, 1024]
     splits = [s for s in (2, 4, 8, 16, 32, 64) if s * 32 <= spec.R] or [2]
     return Recipe(
-        f"{spec.family}/split_rows", spec.family, language, kernel, forward, ["x"],
-        TunableSpace(params={"SPLIT": splits, "BR": brs}), {"SPLIT": splits[min(2, len(splits) - 1)], "BR": brs[1]},
-        rank=3, modules=spec.modules,
+        f"{spec.family}/split_rows",
+        spec.family,
+        language,
+        kernel,
+        forward,
+        ["x"],
+        TunableSpace(params={"SPLIT": splits, "BR": brs}),
+        {"SPLIT": splits[min(2, len(splits) - 1)], "BR": brs[1]},
+        rank=3,
+        modules=spec.modules,
         description="each row split across SPLIT work-groups: partial statistics, then merge and write",
     )
 
@@ -683,28 +828,38 @@ def inner_vector(spec: OpSpec, language: str) -> Recipe | None:
     R = "(float)R"
     eps = f"{spec.eps!r}f"
     # one scalar column (the tail and the unaligned path)
-    sstep = {"max": "a = (v > a || v != v) ? v : a;", "min": "a = (v < a || v != v) ? v : a;",
-             "sumsq": "a += v * v;"}.get(op, "a += v;")
+    sstep = {
+        "max": "a = (v > a || v != v) ? v : a;",
+        "min": "a = (v < a || v != v) ? v : a;",
+        "sumsq": "a += v * v;",
+    }.get(op, "a += v;")
     if spec.family == "reduce":
         sout = f"Y[(long)o * inner + col] = {'a / ' + R if op == 'mean' else 'a'};"
     else:
-        sout = (f"float rs = rsqrt(a / {R} + {eps});\n"
-                "            for (int r = 0; r < R; ++r) Y[((long)o * R + r) * inner + col] = X[((long)o * R + r) * inner + col] * rs;")
+        sout = (
+            f"float rs = rsqrt(a / {R} + {eps});\n"
+            "            for (int r = 0; r < R; ++r) Y[((long)o * R + r) * inner + col] = X[((long)o * R + r) * inner + col] * rs;"
+        )
     scalar_cols = f"""for (int col = iv * VW; col < min(inner, iv * VW + VW); ++col) {{
             float a = {init};
             for (int r = 0; r < R; ++r) {{ float v = X[((long)o * R + r) * inner + col]; {sstep} }}
             {sout}
         }}"""
     if language == "opencl":
-        step = {"max": "acc = (v > acc || v != v) ? v : acc;", "min": "acc = (v < acc || v != v) ? v : acc;",
-                "sumsq": "acc += v * v;"}.get(op, "acc += v;")
+        step = {
+            "max": "acc = (v > acc || v != v) ? v : acc;",
+            "min": "acc = (v < acc || v != v) ? v : acc;",
+            "sumsq": "acc += v * v;",
+        }.get(op, "acc += v;")
         if spec.family == "reduce":
             result = "acc / (floatv)(" + R + ")" if op == "mean" else "acc"
             tail = f"VSTOREV({result}, 0, Y + (long)o * inner + iv * VW);"
         else:
-            tail = (f"floatv rstd = rsqrt(acc / (floatv)({R}) + (floatv)({eps}));\n"
-                    "    for (int r = 0; r < R; ++r) VSTOREV(VLOADV(0, xr + (long)r * inner) * rstd, 0, "
-                    "Y + (long)o * R * inner + (long)r * inner + iv * VW);")
+            tail = (
+                f"floatv rstd = rsqrt(acc / (floatv)({R}) + (floatv)({eps}));\n"
+                "    for (int r = 0; r < R; ++r) VSTOREV(VLOADV(0, xr + (long)r * inner) * rstd, 0, "
+                "Y + (long)o * R * inner + (long)r * inner + iv * VW);"
+            )
         kernel = f"""{OPENCL_VECTOR_HELPERS}
 __kernel void rows(__global const float* restrict X, __global float* restrict Y, int outer, int R, int inner) {{
     int groups = (inner + VW - 1) / VW;
@@ -723,19 +878,26 @@ __kernel void rows(__global const float* restrict X, __global float* restrict Y,
 """
     else:
         comps = "xyzw"
-        step = {"max": "acc.{c} = (v.{c} > acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
-                "min": "acc.{c} = (v.{c} < acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
-                "sumsq": "acc.{c} = fmaf(v.{c}, v.{c}, acc.{c});"}.get(op, "acc.{c} += v.{c};")
+        step = {
+            "max": "acc.{c} = (v.{c} > acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
+            "min": "acc.{c} = (v.{c} < acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
+            "sumsq": "acc.{c} = fmaf(v.{c}, v.{c}, acc.{c});",
+        }.get(op, "acc.{c} += v.{c};")
         steps = " ".join(step.format(c=c) for c in comps)
         if spec.family == "reduce":
             scale = " / " + R if op == "mean" else ""
-            tail = ("reinterpret_cast<float4*>(Y + (size_t)o * inner)[iv] = make_float4("
-                    + ", ".join(f"acc.{c}{scale}" for c in comps) + ");")
+            tail = (
+                "reinterpret_cast<float4*>(Y + (size_t)o * inner)[iv] = make_float4("
+                + ", ".join(f"acc.{c}{scale}" for c in comps)
+                + ");"
+            )
         else:
             rstd = " ".join(f"float r{c} = rsqrtf(acc.{c} / {R} + {eps});" for c in comps)
-            tail = (f"{rstd}\n    for (int r = 0; r < R; ++r) {{ float4 v = __ldg(reinterpret_cast<const float4*>"
-                    "(xr + (size_t)r * inner)); reinterpret_cast<float4*>(Y + (size_t)o * R * inner + (size_t)r * inner)"
-                    "[iv] = make_float4(v.x * rx, v.y * ry, v.z * rz, v.w * rw); }")
+            tail = (
+                f"{rstd}\n    for (int r = 0; r < R; ++r) {{ float4 v = __ldg(reinterpret_cast<const float4*>"
+                "(xr + (size_t)r * inner)); reinterpret_cast<float4*>(Y + (size_t)o * R * inner + (size_t)r * inner)"
+                "[iv] = make_float4(v.x * rx, v.y * ry, v.z * rz, v.w * rw); }"
+            )
         kernel = f"""
 #define VW 4
 extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__ Y, int outer, int R, int inner,
@@ -757,13 +919,28 @@ extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__
 """
     vw = "p['VW']" if language == "opencl" else "4"
     extra = "" if language == "opencl" else ", int(inner % 4 == 0 and _aligned(x, y))"
-    params = {"VW": vws, "BLOCK_X": [1, 4, 16, 64]} if language == "opencl" else {"BLOCK_X": [64, 128, 256, 512]}
-    defaults: dict[str, ParamValue] = {"VW": vws[-1], "BLOCK_X": 4} if language == "opencl" else {"BLOCK_X": 256}
+    params = (
+        {"VW": vws, "BLOCK_X": [1, 4, 16, 64]} if language == "opencl" else {"BLOCK_X": [64, 128, 256, 512]}
+    )
+    defaults: dict[str, ParamValue] = (
+        {"VW": vws[-1], "BLOCK_X": 4} if language == "opencl" else {"BLOCK_X": 256}
+    )
     return Recipe(
-        f"{spec.family}/inner_vector", spec.family, language, kernel,
-        _forward(spec, f"(_cdiv(outer * _cdiv(inner, {vw}), p['BLOCK_X']), 1, 1)", "(p['BLOCK_X'], 1, 1)",
-                 extra=extra),
-        ["x"], TunableSpace(params=params), defaults, rank=2, modules=spec.modules,
+        f"{spec.family}/inner_vector",
+        spec.family,
+        language,
+        kernel,
+        _forward(
+            spec,
+            f"(_cdiv(outer * _cdiv(inner, {vw}), p['BLOCK_X']), 1, 1)",
+            "(p['BLOCK_X'], 1, 1)",
+            extra=extra,
+        ),
+        ["x"],
+        TunableSpace(params=params),
+        defaults,
+        rank=2,
+        modules=spec.modules,
         description="vector loads along the contiguous inner dimension, statistics in vector registers",
         sycl_ok=op not in ("max", "min"),
     )
@@ -878,9 +1055,16 @@ self.prog.rows(x, {wbp}y, part, outer, R, split, vec4, grid={grid2}, block=(p['B
 return y
 """
     return Recipe(
-        f"{spec.family}/split_rows_vec", spec.family, "cuda", kernel, forward, ["x"],
-        TunableSpace(params={"BLOCK": [128, 256, 512, 1024]}), {"BLOCK": 256},
-        rank=4, modules=spec.modules,
+        f"{spec.family}/split_rows_vec",
+        spec.family,
+        "cuda",
+        kernel,
+        forward,
+        ["x"],
+        TunableSpace(params={"BLOCK": [128, 256, 512, 1024]}),
+        {"BLOCK": 256},
+        rank=4,
+        modules=spec.modules,
         description="rows split across blocks sized for the GPU: float4 partial statistics, then a "
         "warp merges them and the chunk is written with float4 (reverse order, L2 hits)",
     )
@@ -945,11 +1129,22 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) rows({sig}) {{
 }}
 """
     return Recipe(
-        f"{spec.family}/inner_columns", spec.family, "cuda", kernel,
-        _forward(spec, "(_cdiv(inner, p['BLOCK_X']), min(outer, 65535), 1)", "(p['BLOCK_X'], 1, 1)",
-                 program="self._program(ROW_LEN=R)"),
-        ["x"], TunableSpace(params={"BLOCK_X": [64, 128, 256, 512]}), {"BLOCK_X": 128}, rank=3,
-        modules=spec.modules, lazy=True,
+        f"{spec.family}/inner_columns",
+        spec.family,
+        "cuda",
+        kernel,
+        _forward(
+            spec,
+            "(_cdiv(inner, p['BLOCK_X']), min(outer, 65535), 1)",
+            "(p['BLOCK_X'], 1, 1)",
+            program="self._program(ROW_LEN=R)",
+        ),
+        ["x"],
+        TunableSpace(params={"BLOCK_X": [64, 128, 256, 512]}),
+        {"BLOCK_X": 128},
+        rank=3,
+        modules=spec.modules,
+        lazy=True,
         description="a thread per column (coalesced), short rows kept in registers: one read",
     )
 

@@ -101,8 +101,10 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
         "sigmoid": lambda: f"(1.0f / (1.0f + {f('exp')}(-({a}))))",
         "tanh": lambda: f"{f('tanh')}({a})",
         # torch's vectorised CPU GELU returns NaN at +-inf; the OpenCL (CPU) kernels do the same: (a - a)
-        "gelu": lambda: (f"(0.5f * ({a}) * (1.0f + {f('erf')}(({a}) * 0.7071067811865476f))"
-                         + (f" + (({a}) - ({a})))" if lang == "opencl" else ")")),
+        "gelu": lambda: (
+            f"(0.5f * ({a}) * (1.0f + {f('erf')}(({a}) * 0.7071067811865476f))"
+            + (f" + (({a}) - ({a})))" if lang == "opencl" else ")")
+        ),
         # 0.5 * a * (1 + tanh(u)) = a * sigmoid(2u): one exp, no tanhf and no powf
         "gelu_tanh": lambda: (
             f"(({a}) / (1.0f + {f('exp')}(-1.5957691216057308f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))"
@@ -131,7 +133,9 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
         "clamp": lambda: _clamp(a, kw.get("lo", -math.inf), kw.get("hi", math.inf)),
         "erf": lambda: f"{f('erf')}({a})",
         "relu6": lambda: _clamp(a, 0.0, 6.0),
-        "logsigmoid": lambda: f"((({a}) < 0.0f ? ({a}) : 0.0f) - {f('log1p')}({f('exp')}(-{f('fabs')}({a}))))",
+        "logsigmoid": lambda: (
+            f"((({a}) < 0.0f ? ({a}) : 0.0f) - {f('log1p')}({f('exp')}(-{f('fabs')}({a}))))"
+        ),
         "reciprocal": lambda: f"(1.0f / ({a}))",
         "log2": lambda: f"{f('log2')}({a})",
         "log10": lambda: f"{f('log10')}({a})",
@@ -314,13 +318,18 @@ def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> s
             )
         return f"({operand(a)} {_BINARY[target]} {operand(b)})"
     elif _name_of(node) in _COMPARE and len(node.args) == 2:
-        return f"(({operand(node.args[0])}) {_COMPARE[_name_of(node)]} ({operand(node.args[1])}) ? 1.0f : 0.0f)"
+        return (
+            f"(({operand(node.args[0])}) {_COMPARE[_name_of(node)]} ({operand(node.args[1])}) ? 1.0f : 0.0f)"
+        )
     elif _name_of(node) == "where" and len(node.args) == 3:
         c, a, b = (operand(x) for x in node.args)
         return f"(({c}) != 0.0f ? ({a}) : ({b}))"
-    elif _name_of(node) in ("maximum", "minimum", "max", "min", "fmax", "fmin") and len(node.args) == 2 and all(
-        hasattr(x, "op") or isinstance(x, int | float) for x in node.args
-    ) and any(hasattr(x, "op") for x in node.args[1:]):
+    elif (
+        _name_of(node) in ("maximum", "minimum", "max", "min", "fmax", "fmin")
+        and len(node.args) == 2
+        and all(hasattr(x, "op") or isinstance(x, int | float) for x in node.args)
+        and any(hasattr(x, "op") for x in node.args[1:])
+    ):
         a, b = operand(node.args[0]), operand(node.args[1])
         cmp = ">" if _name_of(node) in ("maximum", "max", "fmax") else "<"
         if _name_of(node).startswith("f"):  # fmax/fmin ignore a NaN operand
@@ -335,7 +344,9 @@ def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> s
         if not isinstance(exp, int | float):
             return None
         a = operand(base)
-        if float(exp).is_integer() and 1 <= abs(exp) <= 4:  # repeated products, not powf (exact for NaN/inf too)
+        if (
+            float(exp).is_integer() and 1 <= abs(exp) <= 4
+        ):  # repeated products, not powf (exact for NaN/inf too)
             prod = " * ".join([f"({a})"] * int(abs(exp)))
             return f"({prod})" if exp > 0 else f"(1.0f / ({prod}))"
         if exp == 0.5:

@@ -15,13 +15,16 @@ from kfoundry.core.generator import ProblemSummary
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 
 
-def export(problem_path: Path, language: str, out: Path, shapes: dict[str, int | float] | None = None) -> list[Path]:
+def export(
+    problem_path: Path, language: str, out: Path, shapes: dict[str, int | float] | None = None
+) -> list[Path]:
     """Files written, one per recipe."""
     from kfoundry.core.problem import load_problem
 
     problem = load_problem(problem_path, shapes or {})
-    summary = ProblemSummary(name=problem.name, reference_source=problem.source, shapes=problem.shapes,
-                             path=str(problem_path))
+    summary = ProblemSummary(
+        name=problem.name, reference_source=problem.source, shapes=problem.shapes, path=str(problem_path)
+    )
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for recipe in OfflineGenerator().recipes(summary, language):

@@ -78,20 +78,29 @@ class OfflineGenerator(Generator):
             if language not in ("opencl", "cuda", "sycl", "triton"):
                 raise GeneratorUnsupported(f"offline generator: no cookbook for language {language!r}")
             spec = self.spec(problem)
-            if language == "triton":  # Python kernels: their own recipes (kfoundry/plugins/llms/offline/triton_*)
+            if (
+                language == "triton"
+            ):  # Python kernels: their own recipes (kfoundry/plugins/llms/offline/triton_*)
                 from kfoundry.plugins.llms.offline.triton_recipes import recipes as triton_recipes
 
                 cookbook = triton_recipes(spec)
-            elif language == "sycl":  # the OpenCL recipes, translated (split rows: barrier-bound on CPU devices)
-                found = [sycl_recipe(r) for r in _COOKBOOKS[spec.family].recipes(spec, "opencl")
-                         if not r.name.endswith("/split_rows")]
+            elif (
+                language == "sycl"
+            ):  # the OpenCL recipes, translated (split rows: barrier-bound on CPU devices)
+                found = [
+                    sycl_recipe(r)
+                    for r in _COOKBOOKS[spec.family].recipes(spec, "opencl")
+                    if not r.name.endswith("/split_rows")
+                ]
                 cookbook = [r for r in found if r is not None]
             else:
                 cookbook = _COOKBOOKS[spec.family].recipes(spec, language)
             usable = [_with_valid_defaults(r) for r in cookbook]
             self._recipes[key] = [r for r in usable if r is not None]
             if not self._recipes[key]:
-                raise GeneratorUnsupported(f"offline generator: no recipe fits problem {problem.name!r} at these shapes")
+                raise GeneratorUnsupported(
+                    f"offline generator: no recipe fits problem {problem.name!r} at these shapes"
+                )
         return self._recipes[key]
 
     def cell(self, recipe: Recipe, extractor: DescriptorExtractor) -> tuple[int, ...]:
@@ -165,7 +174,11 @@ class OfflineGenerator(Generator):
     # -- moves -------------------------------------------------------------------------------------------
 
     def _move(
-        self, request: GenerationRequest, recipes: list[Recipe], extractor: DescriptorExtractor, rng: random.Random
+        self,
+        request: GenerationRequest,
+        recipes: list[Recipe],
+        extractor: DescriptorExtractor,
+        rng: random.Random,
     ) -> tuple[Recipe, dict[str, ParamValue], str]:
         by_name = {r.name: r for r in recipes}
         parent = request.parent.candidate if request.parent else None
@@ -179,8 +192,10 @@ class OfflineGenerator(Generator):
                 recipe = parent_recipe
             return recipe, self._random_params(recipe, rng, request), "random sample"
         if parent_recipe is None:  # a seed or an LLM kernel: start climbing the ladder
-            recipe = self._nearest(recipes, request.target_cell, extractor, rng) if request.target_cell else min(
-                recipes, key=lambda r: (r.rank == 0, rng.random())
+            recipe = (
+                self._nearest(recipes, request.target_cell, extractor, rng)
+                if request.target_cell
+                else min(recipes, key=lambda r: (r.rank == 0, rng.random()))
             )
             return recipe, dict(recipe.defaults), f"cookbook step from {parent.label or 'the parent'}"
         if request.mode == "repair":
@@ -193,7 +208,11 @@ class OfflineGenerator(Generator):
         if request.extra.get("crossover") and other is not None:
             params = {**parent.params}
             for k, v in other.params.items():
-                if k in parent_recipe.space.params and v in parent_recipe.space.params[k] and rng.random() < 0.5:
+                if (
+                    k in parent_recipe.space.params
+                    and v in parent_recipe.space.params[k]
+                    and rng.random() < 0.5
+                ):
                     params[k] = v
             if valid(params, parent_recipe.space.restrictions, request.device):
                 return parent_recipe, params, "crossover of two parents' parameters"
@@ -201,27 +220,54 @@ class OfflineGenerator(Generator):
         wants_step = request.target_cell is not None and tuple(request.target_cell) != parent_cell
         if (wants_step and rng.random() < 0.7) or rng.random() < self.opts.step_probability:
             if wants_step:
-                recipe = self._nearest([r for r in recipes if r is not parent_recipe] or recipes,
-                                       request.target_cell, extractor, rng)
+                recipe = self._nearest(
+                    [r for r in recipes if r is not parent_recipe] or recipes,
+                    request.target_cell,
+                    extractor,
+                    rng,
+                )
             else:
                 higher = [r for r in recipes if r.rank > parent_recipe.rank]
                 recipe = rng.choice(higher) if higher else rng.choice(recipes)
-            return recipe, self._params_for(recipe, rng, request, fresh=True), f"step {parent_recipe.name} -> {recipe.name}"
-        return parent_recipe, self._mutate(parent_recipe, dict(parent.params), rng, request), "parameter mutation"
+            return (
+                recipe,
+                self._params_for(recipe, rng, request, fresh=True),
+                f"step {parent_recipe.name} -> {recipe.name}",
+            )
+        return (
+            parent_recipe,
+            self._mutate(parent_recipe, dict(parent.params), rng, request),
+            "parameter mutation",
+        )
 
     def _nearest(
-        self, recipes: list[Recipe], target: tuple[int, ...] | None, extractor: DescriptorExtractor, rng: random.Random
+        self,
+        recipes: list[Recipe],
+        target: tuple[int, ...] | None,
+        extractor: DescriptorExtractor,
+        rng: random.Random,
     ) -> Recipe:
         if target is None:
             return rng.choice(recipes)
-        dist = {r.name: sum(abs(a - b) for a, b in zip(self.cell(r, extractor), target, strict=False)) for r in recipes}
+        dist = {
+            r.name: sum(abs(a - b) for a, b in zip(self.cell(r, extractor), target, strict=False))
+            for r in recipes
+        }
         best = min(dist.values())
         return rng.choice([r for r in recipes if dist[r.name] == best])
 
-    def _params_for(self, recipe: Recipe, rng: random.Random, request: GenerationRequest, fresh: bool) -> dict[str, ParamValue]:
-        return dict(recipe.defaults) if fresh and rng.random() < 0.6 else self._random_params(recipe, rng, request)
+    def _params_for(
+        self, recipe: Recipe, rng: random.Random, request: GenerationRequest, fresh: bool
+    ) -> dict[str, ParamValue]:
+        return (
+            dict(recipe.defaults)
+            if fresh and rng.random() < 0.6
+            else self._random_params(recipe, rng, request)
+        )
 
-    def _random_params(self, recipe: Recipe, rng: random.Random, request: GenerationRequest) -> dict[str, ParamValue]:
+    def _random_params(
+        self, recipe: Recipe, rng: random.Random, request: GenerationRequest
+    ) -> dict[str, ParamValue]:
         for _ in range(200):
             params = {k: rng.choice(v) for k, v in recipe.space.params.items()}
             if valid(params, recipe.space.restrictions, request.device) and _fits(params, request):
@@ -241,16 +287,28 @@ class OfflineGenerator(Generator):
                 idx = values.index(new[name]) if new.get(name) in values else 0
                 step = rng.choice([-1, 1]) * (2 if rng.random() < 0.2 else 1)
                 new[name] = values[min(max(idx + step, 0), len(values) - 1)]
-            if new != params and valid(new, recipe.space.restrictions, request.device) and _fits(new, request):
+            if (
+                new != params
+                and valid(new, recipe.space.restrictions, request.device)
+                and _fits(new, request)
+            ):
                 return new
         return self._random_params(recipe, rng, request)
 
     def _proposal(
-        self, recipe: Recipe, params: dict[str, ParamValue], why: str, request: GenerationRequest | None = None
+        self,
+        recipe: Recipe,
+        params: dict[str, ParamValue],
+        why: str,
+        request: GenerationRequest | None = None,
     ) -> Proposal:
         cand: Candidate = recipe.candidate(params)
-        return Proposal(candidate=cand, generator=self.name, rationale=f"{recipe.name}: {why}",
-                        prompt_id=request.prompt_id if request else None)
+        return Proposal(
+            candidate=cand,
+            generator=self.name,
+            rationale=f"{recipe.name}: {why}",
+            prompt_id=request.prompt_id if request else None,
+        )
 
 
 def _with_valid_defaults(recipe: Recipe) -> Recipe | None:

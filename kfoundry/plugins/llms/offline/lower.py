@@ -522,7 +522,9 @@ class Lowering:
         ``b(batch, k, j)`` load (any layout, prologues fused), ``coords(batch, i, j)`` places the output;
         ``sizes`` are the C expressions of M, N, K and ``grid_py`` the Python ones of N, M and the batch."""
         if self.coop:
-            return self.emit_blocked_mm(out, py_shape, batch_dims, sizes, grid_py, a, b, coords, tag, node, bias)
+            return self.emit_blocked_mm(
+                out, py_shape, batch_dims, sizes, grid_py, a, b, coords, tag, node, bias
+            )
         M, N, K = sizes
         bc = [f"bc{k}" for k in range(len(batch_dims))]
         decl = "".join(

@@ -829,8 +829,13 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
         r = L.fresh("r")
         at = [*c[:d], r, *c[d + 1 :]]
         if key != "cummax" and L.lanes(src.shape[d]):
-            return _warp_scan(L, key == "cumprod", R, lambda q: src.load([*c[:d], q, *c[d + 1 :]]),
-                              lambda q, v: store([*c[:d], q, *c[d + 1 :]], v))
+            return _warp_scan(
+                L,
+                key == "cumprod",
+                R,
+                lambda q: src.load([*c[:d], q, *c[d + 1 :]]),
+                lambda q, v: store([*c[:d], q, *c[d + 1 :]], v),
+            )
         if key == "cumprod":
             return f"float run = 1.0f; for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ run *= {src.load(at)}; {store(at, 'run')} }}"
         if key == "cummax":
@@ -1535,7 +1540,11 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
             (),
             "()",
             lambda c: chunked_sum(
-                L, "acc", t.dims[0], lambda q: f"({t.load([q])} == {ign} ? 0.0f : 1.0f)", lanes=L.lanes(t.shape[0])
+                L,
+                "acc",
+                t.dims[0],
+                lambda q: f"({t.load([q])} == {ign} ? 0.0f : 1.0f)",
+                lanes=L.lanes(t.shape[0]),
             ),
             "xentcount",
         )

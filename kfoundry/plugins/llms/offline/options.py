@@ -10,6 +10,8 @@ class OfflineOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    step_probability: float = Field(default=0.35, ge=0, le=1, description="chance an improvement changes recipe")
+    step_probability: float = Field(
+        default=0.35, ge=0, le=1, description="chance an improvement changes recipe"
+    )
     mutations: int = Field(default=2, ge=1, description="most parameters changed by one improvement")
     max_tries: int = Field(default=40, ge=1, description="attempts to find an unseen, valid proposal")

@@ -210,8 +210,32 @@ _SYCL_ID_CALL = re.compile(r"\b(" + "|".join(_SYCL_IDS) + r")\s*\(\s*([0-2])\s*\
 
 #: OpenCL built-in math called unqualified -> sycl:: (sycl::erf for the cookbook's kf_erf helper).
 _SYCL_MATH = (
-    "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "fabs", "fmax", "fmin", "fma", "mad",
-    "tanh", "erf", "sin", "cos", "tan", "pow", "pown", "copysign", "floor", "ceil", "min", "max", "clamp",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "fabs",
+    "fmax",
+    "fmin",
+    "fma",
+    "mad",
+    "tanh",
+    "erf",
+    "sin",
+    "cos",
+    "tan",
+    "pow",
+    "pown",
+    "copysign",
+    "floor",
+    "ceil",
+    "min",
+    "max",
+    "clamp",
 )
 _SYCL_MATH_CALL = re.compile(r"(?<![\w.:])(" + "|".join(_SYCL_MATH) + r")\s*\(")
 _SYCL_LOCAL = re.compile(r"__local\s+(\w+)\s+(\w+)\s*((?:\[[^\]\n]+\])+)\s*;")
@@ -258,8 +282,12 @@ def to_sycl(source: str) -> str:
         dims = [int(d) for _, d in _SYCL_ID_CALL.findall(body)]
         nd = max(dims, default=0) + 1
         body = _SYCL_ID_CALL.sub(lambda c: f"kf_it.{_SYCL_IDS[c.group(1)]}({c.group(2)})", body)
-        body = re.sub(r"\bbarrier\s*\(\s*CLK_\w+(\s*\|\s*CLK_\w+)*\s*\)", "sycl::group_barrier(kf_it.get_group())", body)
-        body = _SYCL_LOCAL.sub(lambda a: f"syclexp::work_group_static<{a.group(1)}{a.group(3)}> {a.group(2)};", body)
+        body = re.sub(
+            r"\bbarrier\s*\(\s*CLK_\w+(\s*\|\s*CLK_\w+)*\s*\)", "sycl::group_barrier(kf_it.get_group())", body
+        )
+        body = _SYCL_LOCAL.sub(
+            lambda a: f"syclexp::work_group_static<{a.group(1)}{a.group(3)}> {a.group(2)};", body
+        )
         out += [
             source[pos : m.start()],
             f'extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<{nd}>))\nvoid {m.group(1)}',
@@ -303,5 +331,6 @@ def sycl_recipe(recipe: Recipe) -> Recipe | None:
         params, new_defaults = _SYCL_SPACES[recipe.name]
         space.params.update({k: list(v) for k, v in params.items()})
         defaults.update(new_defaults)
-    return replace(recipe, language="sycl", kernel=kernel, space=space, defaults=defaults,
-                   modules=list(recipe.modules))
+    return replace(
+        recipe, language="sycl", kernel=kernel, space=space, defaults=defaults, modules=list(recipe.modules)
+    )

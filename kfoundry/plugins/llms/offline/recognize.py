@@ -25,7 +25,15 @@ from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
 from kfoundry.plugins.llms.offline.elementwise_ops import node_expr
 
 FAMILIES = (
-    "elementwise", "matmul", "softmax", "log_softmax", "layer_norm", "rms_norm", "reduce", "depthwise_conv2d", "rotary",
+    "elementwise",
+    "matmul",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "rms_norm",
+    "reduce",
+    "depthwise_conv2d",
+    "rotary",
 )
 
 
@@ -89,8 +97,10 @@ def _module_ctor(mod: nn.Module, args: dict[str, str] | None = None) -> str:
     """
     a = args or {}
     if isinstance(mod, nn.Linear):
-        return (f"nn.Linear({a.get('in_features', mod.in_features)}, {a.get('out_features', mod.out_features)}, "
-                f"bias={mod.bias is not None})")
+        return (
+            f"nn.Linear({a.get('in_features', mod.in_features)}, {a.get('out_features', mod.out_features)}, "
+            f"bias={mod.bias is not None})"
+        )
     if isinstance(mod, nn.Conv2d):
         return (
             f"nn.Conv2d({a.get('in_channels', mod.in_channels)}, {a.get('out_channels', mod.out_channels)}, "
@@ -112,8 +122,14 @@ def _ctor_values(mod: nn.Module) -> dict[str, Any]:
     if isinstance(mod, nn.Linear):
         return {"in_features": mod.in_features, "out_features": mod.out_features}
     if isinstance(mod, nn.Conv2d):
-        return {"in_channels": mod.in_channels, "out_channels": mod.out_channels, "kernel_size": mod.kernel_size[0],
-                "stride": mod.stride[0], "padding": mod.padding[0], "groups": mod.groups}
+        return {
+            "in_channels": mod.in_channels,
+            "out_channels": mod.out_channels,
+            "kernel_size": mod.kernel_size[0],
+            "stride": mod.stride[0],
+            "padding": mod.padding[0],
+            "groups": mod.groups,
+        }
     if isinstance(mod, nn.LayerNorm):
         return {"normalized_shape": tuple(mod.normalized_shape)}
     return {}
@@ -141,8 +157,9 @@ class _Trace:
                 self.model: nn.Module = ref.Model(*self.init_inputs)
                 self.inputs = [x for x in ref.get_inputs()]
         except Exception as exc:
-            raise GeneratorUnsupported(f"offline generator: cannot build the reference on the meta device: {exc}") \
-                from None
+            raise GeneratorUnsupported(
+                f"offline generator: cannot build the reference on the meta device: {exc}"
+            ) from None
         try:
             self.gm = fx.symbolic_trace(self.model)
             ShapeProp(self.gm).propagate(*self.inputs)
@@ -156,7 +173,8 @@ class _Trace:
         self.out = outs
         kinds = (torch.float32, torch.int64, torch.bool)
         if any(
-            isinstance(x, bool) or not isinstance(x, torch.Tensor | int | float)
+            isinstance(x, bool)
+            or not isinstance(x, torch.Tensor | int | float)
             or (isinstance(x, torch.Tensor) and x.dtype not in kinds)
             for x in self.inputs
         ):
@@ -244,8 +262,14 @@ def _graph(t: _Trace) -> OpSpec:
 
     Lowering(t.gm, "opencl", True).run(len(t.inputs))
     shapes = [list(x.shape) if isinstance(x, torch.Tensor) else [] for x in t.inputs]
-    return OpSpec(family="graph", input_shapes=shapes, output_shape=t.shape(t.out),
-                  graph=t.gm, source=t.source, dims={k: v for k, v in t.shapes.items() if isinstance(v, int)})
+    return OpSpec(
+        family="graph",
+        input_shapes=shapes,
+        output_shape=t.shape(t.out),
+        graph=t.gm,
+        source=t.source,
+        dims={k: v for k, v in t.shapes.items() if isinstance(v, int)},
+    )
 
 
 def _expr_over(t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: str) -> str:
@@ -405,8 +429,15 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
             raise GeneratorUnsupported(
                 f"offline generator: {fam} over a non-last dimension is not in the cookbook"
             )
-        return OpSpec(family=fam, input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=1,
-                      dim=int(_dim_arg(node)) % len(shape))
+        return OpSpec(
+            family=fam,
+            input_shapes=[shape],
+            output_shape=out,
+            outer=outer,
+            R=r,
+            inner=1,
+            dim=int(_dim_arg(node)) % len(shape),
+        )
     op = _REDUCE.get(target) if node.op == "call_function" else None
     if node.op == "call_method":
         op = _REDUCE_METHODS.get(target)
@@ -421,7 +452,13 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         raise GeneratorUnsupported("offline generator: full reductions are not in the cookbook")
     outer, r, inner = _split(shape, dim)
     return OpSpec(
-        family="reduce", input_shapes=[shape], output_shape=out, outer=outer, R=r, inner=inner, reduce_op=op,
+        family="reduce",
+        input_shapes=[shape],
+        output_shape=out,
+        outer=outer,
+        R=r,
+        inner=inner,
+        reduce_op=op,
         dim=dim % len(shape),
     )
 
@@ -462,17 +499,39 @@ def _depthwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     if not isinstance(conv, nn.Conv2d):
         return None
     square = conv.kernel_size[0] == conv.kernel_size[1] and conv.stride[0] == conv.stride[1]
-    if not (conv.groups == conv.in_channels == conv.out_channels and square and conv.dilation == (1, 1)
-            and isinstance(conv.padding, tuple) and conv.padding[0] == conv.padding[1]
-            and conv.padding_mode == "zeros"):
-        raise GeneratorUnsupported("offline generator: only depthwise square 2-D convolutions are in the cookbook")
+    if not (
+        conv.groups == conv.in_channels == conv.out_channels
+        and square
+        and conv.dilation == (1, 1)
+        and isinstance(conv.padding, tuple)
+        and conv.padding[0] == conv.padding[1]
+        and conv.padding_mode == "zeros"
+    ):
+        raise GeneratorUnsupported(
+            "offline generator: only depthwise square 2-D convolutions are in the cookbook"
+        )
     n, c, h, w = t.inputs[0].shape
     out = t.shape(t.out)
-    dims = {"N": n, "C": c, "H": h, "W": w, "KS": conv.kernel_size[0], "stride": conv.stride[0],
-            "pad": conv.padding[0], "OH": out[2], "OW": out[3]}
-    return OpSpec(family="depthwise_conv2d", input_shapes=[[n, c, h, w]], output_shape=out, dims=dims,
-                  bias=conv.bias is not None, modules=t.ctors(),
-                  param_module=str(anchors[0].target))
+    dims = {
+        "N": n,
+        "C": c,
+        "H": h,
+        "W": w,
+        "KS": conv.kernel_size[0],
+        "stride": conv.stride[0],
+        "pad": conv.padding[0],
+        "OH": out[2],
+        "OW": out[3],
+    }
+    return OpSpec(
+        family="depthwise_conv2d",
+        input_shapes=[[n, c, h, w]],
+        output_shape=out,
+        dims=dims,
+        bias=conv.bias is not None,
+        modules=t.ctors(),
+        param_module=str(anchors[0].target),
+    )
 
 
 def _rotary(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
@@ -483,10 +542,19 @@ def _rotary(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     if cos.dim() != 2 or cos.shape != sin.shape or x.shape[-1] != 2 * cos.shape[1]:
         return None
     for axis in [a for a in range(x.dim() - 1) if x.shape[a] == cos.shape[0]]:
-        dims = {"S": x.shape[axis], "half": cos.shape[1], "inner": math.prod(x.shape[axis + 1 : -1]),
-                "outer": math.prod(x.shape[:axis]), "axis": axis}
-        spec = OpSpec(family="rotary", input_shapes=[list(i.shape) for i in t.inputs], output_shape=list(x.shape),
-                      dims=dims)
+        dims = {
+            "S": x.shape[axis],
+            "half": cos.shape[1],
+            "inner": math.prod(x.shape[axis + 1 : -1]),
+            "outer": math.prod(x.shape[:axis]),
+            "axis": axis,
+        }
+        spec = OpSpec(
+            family="rotary",
+            input_shapes=[list(i.shape) for i in t.inputs],
+            output_shape=list(x.shape),
+            dims=dims,
+        )
         real = t.real()
         if real is None:
             return spec

@@ -49,10 +49,20 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
             "running_max = m_new; }"
         )
         if spec.family == "softmax":
-            return RowOp([("running_max", "-INFINITY"), ("running_sum", "0.0f")], acc, merge,
-                         "float inv_sum = 1.0f / running_sum;", f"({f('exp')}(x - running_max) * inv_sum)")
-        return RowOp([("running_max", "-INFINITY"), ("running_sum", "0.0f")], acc, merge,
-                     f"float lse = running_max + {f('log')}(running_sum);", "(x - lse)")
+            return RowOp(
+                [("running_max", "-INFINITY"), ("running_sum", "0.0f")],
+                acc,
+                merge,
+                "float inv_sum = 1.0f / running_sum;",
+                f"({f('exp')}(x - running_max) * inv_sum)",
+            )
+        return RowOp(
+            [("running_max", "-INFINITY"), ("running_sum", "0.0f")],
+            acc,
+            merge,
+            f"float lse = running_max + {f('log')}(running_sum);",
+            "(x - lse)",
+        )
     if spec.family == "layer_norm":
         out = "((x - welford_mean) * rstd)"
         if spec.affine:
@@ -69,19 +79,38 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
         )
     if spec.family == "rms_norm":
         acc = "sumsq += x * x;" if lang == "opencl" else "sumsq = fmaf(x, x, sumsq);"
-        return RowOp([("sumsq", "0.0f")], acc, "sumsq += sumsq_o;",
-                     f"float rstd = {f('rsqrt')}(sumsq / {R} + {eps});", "(x * rstd)")
+        return RowOp(
+            [("sumsq", "0.0f")],
+            acc,
+            "sumsq += sumsq_o;",
+            f"float rstd = {f('rsqrt')}(sumsq / {R} + {eps});",
+            "(x * rstd)",
+        )
     op = spec.reduce_op
     if op in ("sum", "mean"):
         result = f"(total / {R})" if op == "mean" else "total"
         return RowOp([("total", "0.0f")], "total += x;", "total += total_o;", "", "", True, result)
     # torch.amax/amin propagate NaN (fmax/fmin would drop it): a NaN, once taken, is never replaced
     if op == "max":
-        return RowOp([("total", "-INFINITY")], "total = (x > total || x != x) ? x : total;",
-                     "total = (total_o > total || total_o != total_o) ? total_o : total;", "", "", True, "total")
+        return RowOp(
+            [("total", "-INFINITY")],
+            "total = (x > total || x != x) ? x : total;",
+            "total = (total_o > total || total_o != total_o) ? total_o : total;",
+            "",
+            "",
+            True,
+            "total",
+        )
     if op == "min":
-        return RowOp([("total", "INFINITY")], "total = (x < total || x != x) ? x : total;",
-                     "total = (total_o < total || total_o != total_o) ? total_o : total;", "", "", True, "total")
+        return RowOp(
+            [("total", "INFINITY")],
+            "total = (x < total || x != x) ? x : total;",
+            "total = (total_o < total || total_o != total_o) ? total_o : total;",
+            "",
+            "",
+            True,
+            "total",
+        )
     raise ValueError(f"no row algebra for {spec.family}/{op}")
 
 
