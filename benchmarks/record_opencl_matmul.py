@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -134,20 +136,33 @@ def _time_config(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/spaces/opencl_matmul_pocl.json")
-    parser.add_argument("--size", type=int, default=256, help="M = N = K")
-    parser.add_argument("--limit", type=int, default=0, help="record at most this many (0: all)")
-    args = parser.parse_args()
+@dataclass
+class Recording:
+    """What recording the matmul space needs on this OpenCL device: context, queue, the valid space,
+    the inputs and reference on the device, and the Kernel Tuner cache file being written."""
+
+    ctx: Any
+    queue: Any
+    space: ParamSpace
+    bufs: tuple[Any, Any, Any]
+    ref: np.ndarray
+    writer: CacheWriter
+    size: int
+
+    def time(self, config: dict[str, Any]) -> dict[str, Any]:
+        return _time_config(self.ctx, self.queue, config, self.size, self.bufs, self.ref)
+
+
+def start_recording(out: str, size: int, space_size: int | None = None) -> Recording:
+    """Open the device, build the space (valid at ``space_size``, default ``size``) and the cache writer."""
     ctx = cl.create_some_context(interactive=False)
     device = ctx.devices[0]
     queue = cl.CommandQueue(ctx)
-    size = args.size
+    at = space_size or size
     space = ParamSpace(
         TUNE_PARAMS,
         restrictions=RESTRICTIONS,
-        constants={"M": size, "N": size},
+        constants={"M": at, "N": at},
         block=("BLOCK_SIZE_X", "BLOCK_SIZE_Y"),
         local_mem_expr="4 * (BLOCK_SIZE_Y * TILE_SIZE_Y + BLOCK_SIZE_X * TILE_SIZE_X) * LOCAL_TILE_K",
     ).for_device(
@@ -170,20 +185,30 @@ def main() -> None:
         cl.Buffer(ctx, mf.WRITE_ONLY, ref.nbytes),
     )
     writer = CacheWriter(
-        Path(args.out),
+        Path(out),
         device_name=f"{device.platform.name}: {device.name}".strip(),
         kernel_name="matmul",
         problem_size=[size, size, size],
         tune_params=TUNE_PARAMS,
     )
+    return Recording(ctx, queue, space, bufs, ref, writer, size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/spaces/opencl_matmul_pocl.json")
+    parser.add_argument("--size", type=int, default=256, help="M = N = K")
+    parser.add_argument("--limit", type=int, default=0, help="record at most this many (0: all)")
+    args = parser.parse_args()
+    rec = start_recording(args.out, args.size)
+    space, writer = rec.space, rec.writer
     configs = [c for c in space.configs() if not writer.has(c)]
     if args.limit:
         configs = configs[: args.limit]
     print(f"{space.size} valid configurations, {len(configs)} to record")
     start = time.perf_counter()
     for i, config in enumerate(configs, 1):
-        result = _time_config(ctx, queue, config, size, bufs, ref)
-        writer.add(config, result)
+        writer.add(config, rec.time(config))
         if i % 25 == 0 or i == len(configs):
             print(f"{i}/{len(configs)} recorded, {time.perf_counter() - start:.0f} s")
     writer.close()

@@ -19,14 +19,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record_opencl_matmul import RESTRICTIONS, TUNE_PARAMS, _time_config  # noqa: E402
-
-from kfoundry.core.models import DeviceProfile  # noqa: E402
-from kfoundry.core.recorded import CacheWriter  # noqa: E402
-from kfoundry.core.space import ParamSpace  # noqa: E402
+from record_opencl_matmul import start_recording  # noqa: E402
 
 
 def main() -> None:
@@ -37,51 +32,18 @@ def main() -> None:
         "--sample", type=int, default=300, help="configurations (the same seeded sample at every size)"
     )
     args = parser.parse_args()
-    ctx = cl.create_some_context(interactive=False)
-    device = ctx.devices[0]
-    queue = cl.CommandQueue(ctx)
-    size = args.size
-    space = ParamSpace(
-        TUNE_PARAMS,
-        restrictions=RESTRICTIONS,
-        constants={"M": 128, "N": 128},  # the smallest size recorded: the sample is valid at every size
-        block=("BLOCK_SIZE_X", "BLOCK_SIZE_Y"),
-        local_mem_expr="4 * (BLOCK_SIZE_Y * TILE_SIZE_Y + BLOCK_SIZE_X * TILE_SIZE_X) * LOCAL_TILE_K",
-    ).for_device(
-        DeviceProfile(
-            backend="opencl",
-            name=device.name,
-            max_work_group_size=device.max_work_group_size,
-            max_work_item_sizes=list(device.max_work_item_sizes),
-            local_mem_bytes=device.local_mem_size,
-        )
-    )
+    # the space is the smallest recorded size's (128): the same seeded sample is valid at every size
+    rec = start_recording(args.out, args.size, space_size=128)
+    space, writer = rec.space, rec.writer
     keys = space.keys
     picked = sorted(
         np.random.default_rng(12).choice(len(keys), size=min(args.sample, len(keys)), replace=False)
-    )
-    rng = np.random.default_rng(0)
-    a = rng.random((size, size), dtype=np.float32) - 0.5
-    b = rng.random((size, size), dtype=np.float32) - 0.5
-    ref = a @ b
-    mf = cl.mem_flags
-    bufs = (
-        cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a),
-        cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b),
-        cl.Buffer(ctx, mf.WRITE_ONLY, ref.nbytes),
-    )
-    writer = CacheWriter(
-        Path(args.out),
-        device_name=f"{device.platform.name}: {device.name}".strip(),
-        kernel_name="matmul",
-        problem_size=[size, size, size],
-        tune_params=TUNE_PARAMS,
     )
     configs = [c for c in (space.config(keys[int(i)]) for i in picked) if not writer.has(c)]
     print(f"{len(picked)} sampled of {space.size} valid configurations, {len(configs)} to record", flush=True)
     start = time.perf_counter()
     for i, config in enumerate(configs, 1):
-        writer.add(config, _time_config(ctx, queue, config, size, bufs, ref))
+        writer.add(config, rec.time(config))
         if i % 25 == 0 or i == len(configs):
             print(f"{i}/{len(configs)} recorded, {time.perf_counter() - start:.0f} s", flush=True)
     writer.close()
