@@ -304,6 +304,9 @@ def write_report(run_dir: Path) -> Path | None:
         return None
     try:
         return _write(run_dir)
+    except ImportError as exc:  # an optional dependency of the charts (plotly) is missing
+        log.warning("no report written: %s", exc)
+        return None
     except (KfError, OSError, ValueError) as exc:
         log.warning("no report written for %s: %s", run_dir, exc)
         return None

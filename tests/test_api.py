@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,3 +77,22 @@ def test_the_documented_one_liner(tmp_path: Path) -> None:
     assert float(done.stdout.strip().splitlines()[-1]) > 0
     [run_dir] = list(tmp_path.iterdir())
     assert (run_dir / "report.html").is_file() and (run_dir / "best.json").is_file()
+
+
+def test_a_missing_plotly_costs_the_report_not_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the report extra a finished run still ends well: a warning, no report.html (seen on the H200)."""
+    import kfoundry.api as api
+    from kfoundry.core.report import page
+
+    def no_plotly() -> None:
+        raise ImportError("the report needs plotly: pip install 'kfoundry[report]'")
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setattr(page, "plotly_go", no_plotly)
+    monkeypatch.setattr("kfoundry.core.report.html.render_report", lambda run: page.plotly_go())
+    monkeypatch.setattr("kfoundry.core.report.html.load_run", lambda path: SimpleNamespace(run_dir=run_dir))
+    assert api.write_report(run_dir) is None
+    assert not (run_dir / "report.html").exists()
