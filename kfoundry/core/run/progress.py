@@ -35,6 +35,14 @@ class Progress:
         if rec is not None and rec.is_correct and rec.speedup:
             ms = f" {rec.timing.median_ms:.4f} ms" if rec.timing else ""
             verdict = f"{verdict} {rec.speedup:.2f}x{ms}"
+        elif rec is not None and not rec.is_correct and rec.message:
+            verdict = f"{verdict}: {_first_line(rec.message)}"
         if rec is not None and rec.is_correct and (rec.speedup or 0) > self.speedup:
             self.speedup, self.label = rec.speedup or 0.0, label
         return label, params, verdict + (" (cached)" if rec is not None and rec.cached else "")
+
+
+def _first_line(message: str, limit: int = 160) -> str:
+    """The first non-empty line of a verdict's message, cut to ``limit`` characters (the log line stays one line)."""
+    line = next((part.strip() for part in message.splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
