@@ -184,11 +184,12 @@ class CudaBackend(Backend):
             resources.setdefault(name, {}).update({f"driver_{k}": v for k, v in kernel.attributes().items()})
         return KernelModule(kernels, resources, result.compile_time_s, result.log)
 
-    def device_timer(self) -> Callable[[Callable[[], object]], float] | None:
+    def device_timer(self, flush_last: bool = True) -> Callable[[Callable[[], object]], float] | None:
         """CUDA-event timing of one call on the current stream, L2 flushed first (as do_bench does).
 
-        The flush and a short spin keep the GPU busy while the host issues the call, so launch
-        overhead is not counted. The whole device is then synchronised; if the host saw far more
+        A short spin then the flush keep the GPU busy while the host issues the call, so launch
+        overhead is not counted; the flush comes last, right before the start event, as in do_bench
+        (``flush_last=False``: the spin between them, the order before; ``benchmarks/cuda_timer_order.py``). The whole device is then synchronised; if the host saw far more
         time than the events did (work hidden on another stream), the host time is what counts.
         """
         if not self.capabilities().can_run:
@@ -208,8 +209,12 @@ class CudaBackend(Backend):
 
         def timed(call: Callable[[], object]) -> float:
             self.synchronize()
-            flush.zero_()
-            spin(SPIN_NS, grid=spin_grid, block=(1024,))
+            if flush_last:
+                spin(SPIN_NS, grid=spin_grid, block=(1024,))
+                flush.zero_()
+            else:
+                flush.zero_()
+                spin(SPIN_NS, grid=spin_grid, block=(1024,))
             t0 = time.perf_counter()
             start.record()
             call()
