@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 from typing import Any, Literal
 
@@ -28,7 +29,9 @@ class EvalJob(BaseModel):
     backend_plugin: str | None = None
     device: str | int | None = None
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    #: File locked around the timing phase: one benchmark per device at a time.
+    #: Base of the device-lane lock: the judge locks ``lane_lock_path(job)`` (this path with the physical
+    #: device's id) around correctness and timing, so one benchmark runs per device at a time and a host
+    #: with several devices has one lane per device; builds stay outside it and overlap.
     lock_path: str | None = None
     #: ``standard``: batches clocked by the judge (device events where larger); ``differential``: the
     #: judge's clock over batches of B and 2B calls, their difference per call (no device events, no
@@ -58,6 +61,34 @@ class JobResult(BaseModel):
     #: Which clock the timing came from on a device: ``events`` (the runner's device events, confirmed
     #: by the judge's clocks) or ``judge`` (the judge's own clock: events missing or not confirmed).
     clock: Literal["events", "judge"] | None = None
+    #: Wall-clock (epoch seconds) start and end of the job's phases: ``build`` (runner start and the
+    #: candidate's build, outside the device lane) and ``device`` (correctness and timing, in the lane).
+    phase_times: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+
+def device_lane(job: EvalJob) -> str:
+    """The physical device a job runs on, as a file-name-safe id: the job's device index mapped through
+    ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` where set (Ray sets it per task)."""
+    spec = 0 if job.device is None else job.device
+    index = int(spec) if isinstance(spec, int) or str(spec).isdigit() else None
+    visible = os.environ.get(_VISIBLE.get(job.backend, ""), "")
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index is not None and index < len(entries):
+        lane = entries[index]
+    else:
+        lane = str(index if index is not None else spec)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", lane)[:64]
+
+
+def lane_lock_path(job: EvalJob) -> str | None:
+    """The file locked around a job's correctness and timing: one per physical device (None: no lock)."""
+    if not job.lock_path:
+        return None
+    base = job.lock_path[: -len(".lock")] if job.lock_path.endswith(".lock") else job.lock_path
+    return f"{base}-dev{device_lane(job)}.lock"
+
+
+_VISIBLE = {"cuda": "CUDA_VISIBLE_DEVICES", "hip": "HIP_VISIBLE_DEVICES", "triton": "CUDA_VISIBLE_DEVICES"}
 
 
 def describe_exit(status: int | None, vanished: str, unfinished: str = "") -> str:

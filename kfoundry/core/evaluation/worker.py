@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ from kfoundry.core.evaluation.correctness import (
     run_correctness,
     variant_index,
 )
-from kfoundry.core.evaluation.jobs import EvalJob, JobResult
+from kfoundry.core.evaluation.jobs import EvalJob, JobResult, lane_lock_path
 from kfoundry.core.evaluation.judge import (
     Judge,
     Variant,
@@ -185,6 +186,16 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _lane(phase_times: dict[str, tuple[float, float]]) -> Iterator[None]:
+    """Record when the job held its device's lane (``phase_times["device"]``)."""
+    entered = time.time()
+    try:
+        yield
+    finally:
+        phase_times["device"] = (entered, time.time())
+
+
 def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     start = _clock_ns()
     deadline = time.monotonic() + job.evaluation.timeout_s
@@ -197,6 +208,8 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
             handle.write(str(runner.pid))
     judge: Judge | None = None
     built: dict[str, Any] = {}
+    started = time.time()
+    phase_times: dict[str, tuple[float, float]] = {}
     try:
         try:
             problem = load_problem(job.problem_path, job.shapes)
@@ -212,25 +225,26 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         judge.check_native("after build")
         compile_s = float(built.get("compile_s") or 0.0)
         judge.phase("start and build")
-        if job.kind == "reference":
-            with device_lock(job.lock_path):
+        phase_times["build"] = (started, time.time())
+        with device_lock(lane_lock_path(job)), _lane(phase_times):  # the device's lane: check and time
+            judge.phase("waiting for the device")
+            if job.kind == "reference":
                 timing, calls, _ = time_candidate(judge, verify=False)
-            judge.phase("timing")
-            result = JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
-        else:
-            summary = run_correctness(judge, plan)
-            judge.check_native("after the correctness trials")
-            judge.phase("correctness")
-            with device_lock(job.lock_path):
+                judge.phase("timing")
+                result = JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
+            else:
+                summary = run_correctness(judge, plan)
+                judge.check_native("after the correctness trials")
+                judge.phase("correctness")
                 timing, calls, verified = time_candidate(judge, verify=True)
-            judge.check_native("after timing")
-            judge.phase("timing")
-            result = JobResult(
-                outcome=Outcome.correct,
-                timing=timing,
-                compile_time_s=compile_s,
-                message=f"{summary}; {calls} timed calls on fresh inputs, {verified} of them verified",
-            )
+                judge.check_native("after timing")
+                judge.phase("timing")
+                result = JobResult(
+                    outcome=Outcome.correct,
+                    timing=timing,
+                    compile_time_s=compile_s,
+                    message=f"{summary}; {calls} timed calls on fresh inputs, {verified} of them verified",
+                )
     except JobFailed as failed:
         result = failed.result
         if built.get("ok"):
@@ -277,5 +291,6 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         + ([result.log] if result.log else [])
     )
     result.log = "\n".join(p for p in parts if p)[-12000:]
+    result.phase_times = phase_times
     result.wall_s = (_clock_ns() - start) / 1e9
     return result
