@@ -113,6 +113,33 @@ def _assignments(tree: ast.Module) -> dict[str, list[ast.Assign | ast.AnnAssign 
     return out
 
 
+def split_assignments(body: list[ast.stmt]) -> list[ast.stmt]:
+    """``a, b = 1, 2`` and ``a = b = 1`` as one ``NAME = value`` line per name (KernelBench writes
+    ``height, width = 128, 128``), so each name can be overridden; other statements are kept as they are."""
+    out: list[ast.stmt] = []
+    for node in body:
+        if not isinstance(node, ast.Assign):
+            out.append(node)
+            continue
+        t, value = node.targets, node.value
+        if len(t) == 1 and isinstance(t[0], ast.Tuple) and isinstance(value, ast.Tuple):
+            names, values = t[0].elts, value.elts
+            if (
+                len(names) == len(values)
+                and all(isinstance(n, ast.Name) for n in names)
+                and all(isinstance(v, ast.Constant) for v in values)
+            ):
+                out += [
+                    ast.copy_location(ast.Assign([n], v), node) for n, v in zip(names, values, strict=True)
+                ]
+                continue
+        if len(t) > 1 and all(isinstance(n, ast.Name) for n in t) and isinstance(value, ast.Constant):
+            out += [ast.copy_location(ast.Assign([n], value), node) for n in t]
+            continue
+        out.append(node)
+    return out
+
+
 def _overridden(
     path: Path,
     source: str,
@@ -125,6 +152,7 @@ def _overridden(
     Re-running the module then recomputes what is derived from it (``bias_shape = (out_channels, 1, 1)``).
     A constant that is not set by plain assignment lines, or an int given a fraction, is refused.
     """
+    tree.body = split_assignments(tree.body)
     bindings = _assignments(tree)
     for name, value in shapes.items():
         if name not in constants:

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from kfoundry.core.generator import GeneratorUnsupported
+from kfoundry.core.kernelbench_file import split_assignments
 from kfoundry.plugins.llms.offline.elementwise_ops import lit, node_expr, prelude
 
 Loader = Callable[[list[str]], str]
@@ -939,23 +940,35 @@ def _is_pyvalue(node: fx.Node) -> bool:
 # -- rendering -----------------------------------------------------------------------------------
 
 
+def with_shapes(reference_source: str, shapes: dict[str, int | float] | None) -> ast.Module:
+    """The reference's syntax tree with the module constants named in ``shapes`` set to those values
+    (``a, b = 1, 2`` is split first); running it recomputes what is derived from them."""
+    tree = ast.parse(reference_source)
+    tree.body = split_assignments(tree.body)
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and shapes):
+            continue
+        target = stmt.targets[0]
+        if isinstance(target, ast.Name) and target.id in shapes:
+            stmt.value = ast.Constant(shapes[target.id])
+    return ast.fix_missing_locations(tree)
+
+
 def init_source(reference_source: str, shapes: dict[str, int | float] | None = None) -> str:
     """The reference module without its ``forward`` methods or input functions: the parameter holder
     ``_RefInit`` (its constructor draws the same parameters, in the same order, as the reference's).
     Module constants named in ``shapes`` take those values (a constructor reading a global sees them)."""
-    tree = ast.parse(reference_source)
     body: list[ast.stmt] = []
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            name = stmt.targets[0].id
-            if shapes and name in shapes:
-                stmt.value = ast.Constant(shapes[name])
+    for stmt in with_shapes(reference_source, shapes).body:
         if isinstance(stmt, ast.FunctionDef) and stmt.name in ("get_inputs", "get_init_inputs"):
             continue
         if isinstance(stmt, ast.ClassDef) and stmt.name == "Model":
             stmt.name = "_RefInit"
             stmt.body = [s for s in stmt.body if not (isinstance(s, ast.FunctionDef) and s.name == "forward")]
             stmt.body = stmt.body or [ast.Pass()]
+            for node in ast.walk(stmt):  # ``super(Model, self).__init__()``
+                if isinstance(node, ast.Name) and node.id == "Model":
+                    node.id = "_RefInit"
         if not isinstance(
             stmt, ast.Import | ast.ImportFrom | ast.Assign | ast.AnnAssign | ast.FunctionDef | ast.ClassDef
         ):

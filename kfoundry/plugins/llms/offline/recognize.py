@@ -79,9 +79,12 @@ class OpSpec:
 
 def load_reference(problem: ProblemSummary) -> types.ModuleType:
     """Execute the reference source in a fresh module with the shape constants in force."""
+    from kfoundry.plugins.llms.offline.lower import with_shapes
+
     module = types.ModuleType(f"kf_reference_{problem.name}")
-    try:
-        exec(compile(problem.reference_source, problem.path or problem.name, "exec"), module.__dict__)
+    try:  # the overrides rewrite their lines, so constants derived from them follow
+        tree = with_shapes(problem.reference_source, dict(problem.shapes))
+        exec(compile(tree, problem.path or problem.name, "exec"), module.__dict__)
     except Exception as exc:  # the reference is checked by the evaluator; here it only blocks recognition
         raise GeneratorUnsupported(f"offline generator: cannot execute the reference: {exc}") from None
     for key, value in problem.shapes.items():

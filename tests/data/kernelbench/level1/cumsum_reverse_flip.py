@@ -1,0 +1,26 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import torch
+import torch.nn as nn
+
+batch_size = 128
+input_shape = (4000,)
+dim = 1
+
+
+class Model(nn.Module):
+    """A model that performs a reverse cumulative sum along a specified dimension."""
+
+    def __init__(self, dim):
+        super(Model, self).__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.cumsum(x.flip(self.dim), dim=self.dim).flip(self.dim)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, *input_shape)]
+
+
+def get_init_inputs():
+    return [dim]

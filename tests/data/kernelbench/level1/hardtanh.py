@@ -1,0 +1,25 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import torch
+import torch.nn as nn
+
+batch_size = 16
+dim = 16384
+
+
+class Model(nn.Module):
+    """Simple model that performs a HardTanh activation."""
+
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.hardtanh(x, min_val=-1., max_val=1.)
+
+
+def get_inputs():
+    x = torch.randn(batch_size, dim)
+    return [x]
+
+
+def get_init_inputs():
+    return []  # No special initialization inputs needed

@@ -1,0 +1,28 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import torch
+import torch.nn as nn
+
+batch_size = 16
+features = 64
+dim1 = 256
+dim2 = 256
+
+
+class Model(nn.Module):
+    """Simple model that performs Layer Normalization."""
+
+    def __init__(self, normalized_shape: tuple):
+        super(Model, self).__init__()
+        self.ln = nn.LayerNorm(normalized_shape=normalized_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x)
+
+
+def get_inputs():
+    x = torch.randn(batch_size, features, dim1, dim2)
+    return [x]
+
+
+def get_init_inputs():
+    return [(features, dim1, dim2)]

@@ -1,0 +1,34 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 128
+input_size = 1024
+hidden_size = 512
+scaling_factor = 2.0
+
+
+class Model(nn.Module):
+    """The pattern Gemm_Sigmoid_Scaling_ResidualAdd."""
+
+    def __init__(self, input_size, hidden_size, scaling_factor):
+        super(Model, self).__init__()
+        self.gemm = nn.Linear(input_size, hidden_size)
+        self.scaling_factor = scaling_factor
+
+    def forward(self, x):
+        x = self.gemm(x)
+        original_x = x
+        x = torch.sigmoid(x)
+        x = x * self.scaling_factor
+        x = x + original_x
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, input_size)]
+
+
+def get_init_inputs():
+    return [input_size, hidden_size, scaling_factor]

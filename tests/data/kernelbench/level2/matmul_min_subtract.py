@@ -1,0 +1,32 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 128
+in_features = 10
+out_features = 5
+constant = 2.0
+
+
+class Model(nn.Module):
+    """Matrix multiplication, minimum with a learned constant, subtraction of the constant."""
+
+    def __init__(self, in_features, out_features, constant):
+        super(Model, self).__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.constant = nn.Parameter(torch.tensor(constant))
+
+    def forward(self, x):
+        x = self.linear(x)
+        x = torch.min(x, self.constant)
+        x = x - self.constant
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features, constant]

@@ -1,0 +1,30 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 128
+in_features = 10
+out_features = 20
+
+
+class Model(nn.Module):
+    """Matrix multiplication, Mish, Mish."""
+
+    def __init__(self, in_features, out_features):
+        super(Model, self).__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        x = self.linear(x)
+        x = F.mish(x)
+        x = F.mish(x)
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]
