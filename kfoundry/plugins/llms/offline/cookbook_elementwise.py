@@ -208,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
         )
     )
     out.append(_vector_ilp(spec, expr, sig, nin))
+    out.append(_vector_blocked(spec, expr, sig, nin))
     return out
 
 
@@ -296,6 +297,84 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
         rank=2,
         description="float4, ILP vectors in flight per thread (WAVES 0: one pass over a full grid, "
         "else a grid-stride loop over WAVES x 132 blocks), tanh through one exp",
+    )
+
+
+def _vector_blocked(spec: OpSpec, expr: str, sig: str, nin: int) -> Recipe:
+    """float4, ILP vectors per thread, each block over one contiguous span of BLOCK_X * ILP vectors (as
+    torch's vectorized elementwise kernels: a block's loads and stores stay within a few DRAM pages, where
+    the full-grid ``vector_ilp`` puts a thread's vectors a grid apart); FAST tanh as in ``vector_ilp``."""
+    fexpr = expr.replace("tanhf(", "KF_TANHF(")
+
+    def lane(comp: str, u: str) -> str:
+        vs = " ".join(f"float v{k} = q{k}[{u}].{comp};" for k in range(nin))
+        return f"{{ {vs} r.{comp} = {fexpr}; }}"
+
+    loads = " ".join(
+        f"q{k}[u] = __ldcs(reinterpret_cast<const float4*>(in{k}) + c + u * BLOCK_X);" for k in range(nin)
+    )
+    guarded = " ".join(
+        f"if (c + u * BLOCK_X < nv) q{k}[u] = __ldcs(reinterpret_cast<const float4*>(in{k}) + c + u * BLOCK_X);"
+        for k in range(nin)
+    )
+    decl = " ".join(f"float4 q{k}[ILP];" for k in range(nin))
+    kernel = f"""{KF_TANH}
+#if FAST
+#define KF_TANHF(u) kf_tanh(u)
+#else
+#define KF_TANHF(u) tanhf(u)
+#endif
+extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec4) {{
+    // block b owns float4 vectors [b * BLOCK_X * ILP, (b + 1) * BLOCK_X * ILP); thread t the ones t + u *
+    // BLOCK_X of it: every load of a step is coalesced and in flight before the first store (streaming
+    // cache hints: each byte is touched once); the last block is guarded; scalars past the last float4
+    // (or all of them when a pointer is not 16-byte aligned) go to block 0
+    const long long nv = vec4 ? n / 4 : 0;
+    const long long c = (long long)blockIdx.x * BLOCK_X * ILP + threadIdx.x;
+    {decl}
+    if (c + (ILP - 1) * BLOCK_X < nv) {{
+        #pragma unroll
+        for (int u = 0; u < ILP; ++u) {{ {loads} }}
+        #pragma unroll
+        for (int u = 0; u < ILP; ++u) {{
+            float4 r;
+            {lane("x", "u")} {lane("y", "u")} {lane("z", "u")} {lane("w", "u")}
+            __stcs(reinterpret_cast<float4*>(Y) + c + u * BLOCK_X, r);
+        }}
+    }} else if (c < nv) {{
+        #pragma unroll
+        for (int u = 0; u < ILP; ++u) {{ {guarded} }}
+        #pragma unroll
+        for (int u = 0; u < ILP; ++u) {{
+            if (c + u * BLOCK_X >= nv) break;
+            float4 r;
+            {lane("x", "u")} {lane("y", "u")} {lane("z", "u")} {lane("w", "u")}
+            __stcs(reinterpret_cast<float4*>(Y) + c + u * BLOCK_X, r);
+        }}
+    }}
+    if (blockIdx.x == 0)
+        for (long long i = nv * 4 + threadIdx.x; i < n; i += BLOCK_X) {{ {_loads(spec, "i")} Y[i] = {fexpr}; }}
+}}
+"""
+    body, args = _forward(
+        spec,
+        "(max(1, _cdiv(_cdiv(n, 4), p['BLOCK_X'] * p['ILP'])), 1, 1)",
+        "(p['BLOCK_X'], 1, 1)",
+        extra=f", int(_aligned({', '.join(f'x{k}' for k in range(nin))}, y))",
+    )
+    fast = [1, 0] if "tanhf(" in expr else [0]
+    return Recipe(
+        "elementwise/vector_blocked",
+        "elementwise",
+        "cuda",
+        kernel,
+        body,
+        args,
+        TunableSpace(params={"BLOCK_X": [128, 256, 512], "ILP": [1, 2, 4, 8], "FAST": fast}),
+        {"BLOCK_X": 128, "ILP": 4, "FAST": fast[0]},
+        rank=2,
+        description="float4, ILP vectors per thread over one contiguous span per block, streaming "
+        "cache hints, tanh through one exp",
     )
 
 

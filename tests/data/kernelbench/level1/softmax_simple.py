@@ -2,8 +2,8 @@
 import torch
 import torch.nn as nn
 
-batch_size = 16
-dim = 16384
+batch_size = 4096
+dim = 393216
 
 
 class Model(nn.Module):
