@@ -173,6 +173,18 @@ class EvaluationConfig(Strict):
         default=10.0, description="Flag a speedup above this for review even if under the roofline."
     )
     cache: bool = Field(default=True, description="Serve repeat evaluations from the store.")
+    compile_cache: bool = Field(
+        default=True,
+        description="Compile kernels in a separate confined step and keep the artefacts (cubin, OpenCL "
+        "binary, HIP code object) in the run's compile cache, keyed by the compile's inputs; False: the "
+        "candidate's process compiles its kernels itself, uncached.",
+    )
+    compile_cache_mb: int = Field(
+        default=512, ge=1, description="Size bound of the compile cache (oldest artefacts removed first)."
+    )
+    compile_timeout_s: float = Field(
+        default=120.0, gt=0, description="Wall-clock limit of one kernel's compile."
+    )
     shape_variants: int = Field(
         default=2,
         ge=0,

@@ -140,6 +140,7 @@ class Evaluator:
             device=self._device.index,
             evaluation=self.config.evaluation,
             lock_path=self.lock_path,
+            compile_cache_dir=str(self.store.path.parent / "compile-cache") if self.store else None,
             on_gpu=self.backend.torch_device != "cpu",
         )
 

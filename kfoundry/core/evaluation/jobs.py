@@ -33,6 +33,8 @@ class EvalJob(BaseModel):
     #: device's id) around correctness and timing, so one benchmark runs per device at a time and a host
     #: with several devices has one lane per device; builds stay outside it and overlap.
     lock_path: str | None = None
+    #: Folder of the run's compile cache (artefacts by the hash of their compile's inputs; None: none).
+    compile_cache_dir: str | None = None
     #: ``standard``: batches clocked by the judge (device events where larger); ``differential``: the
     #: judge's clock over batches of B and 2B calls, their difference per call (no device events, no
     #: exchange calibration): the independent second measurement of a flagged kernel.
@@ -64,6 +66,9 @@ class JobResult(BaseModel):
     #: Wall-clock (epoch seconds) start and end of the job's phases: ``build`` (runner start and the
     #: candidate's build, outside the device lane) and ``device`` (correctness and timing, in the lane).
     phase_times: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    #: The kernels' programs the compile service handled: key prefix, kernels, ``cached`` (served from
+    #: the compile cache) or compiled, seconds (empty where the candidate's process compiled them itself).
+    compiles: list[dict[str, Any]] = Field(default_factory=list)
 
 
 def device_lane(job: EvalJob) -> str:

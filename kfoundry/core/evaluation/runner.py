@@ -34,6 +34,7 @@ from kfoundry.core.backend import Backend, CompileFailed, KernelModule
 from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation.arena import RunnerArena
 from kfoundry.core.evaluation.channel import Channel, ChannelClosed
+from kfoundry.core.evaluation.compile_service import RemoteCompiler, runner_compile_info
 from kfoundry.core.evaluation.device_share import RunnerShares
 from kfoundry.core.evaluation.guard import ForwardGuard
 from kfoundry.core.evaluation.jobs import EvalJob
@@ -368,6 +369,7 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
                 "notes": report.notes,
                 "timer_overhead_ms": _timer_overhead_ms(timer, forward),
                 "ipc": _ipc_usable(backend),
+                "compile": runner_compile_info(backend),
             }
         )
         calibration: Runner | None = None
@@ -385,8 +387,14 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
             else:
                 chan.send(_calibration_call(timer, backend))
         # -- from here on, candidate code runs ----------------------------------------------------
+        remote = RemoteCompiler(chan, backend) if message.get("compile_service") is True else None
+        if remote is not None:  # kernels compiled by the judge's confined compile step (and its cache)
+            backend.load = remote  # type: ignore[method-assign]
         runner = Runner(chan, job, problems, backend, timer)
-        chan.send(runner.build())
+        built = runner.build()
+        if remote is not None:
+            remote.active = False
+        chan.send(built)
         runner.serve()
     except ChannelClosed:
         status = 3

@@ -44,6 +44,7 @@ from kfoundry.core.evaluation.clocking import (
     calibrate_calls,
     time_candidate,
 )
+from kfoundry.core.evaluation.compile_service import CompileService, build_with_service
 from kfoundry.core.evaluation.correctness import (
     run_correctness,
     variant_index,
@@ -83,8 +84,11 @@ def _variant_label(problem: Problem, base: Problem) -> str:
     return ", ".join(f"{k}={v}" for k, v in changed.items()) or "the problem's shapes"
 
 
-def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, dict[str, Any]]:
-    """Load the problem variants, tell the runner to build, wait until it has."""
+def _start(
+    job: EvalJob, runner: RunnerHandle, plan: TrialPlan, services: list[CompileService | None]
+) -> tuple[Judge, dict[str, Any]]:
+    """Load the problem variants, tell the runner to build (answering its compile requests), wait until
+    it has; the compile service used is appended to ``services``."""
     problems = [load_problem(job.problem_path, shapes) for shapes in plan.variants]
     # a uid no other live job's runner has (from its host pid), outside the usual user range
     runner.chan.send({"variants": plan.variants, "uid": 3_000_000 + runner.pid % 1_000_000})
@@ -105,14 +109,16 @@ def _start(job: EvalJob, runner: RunnerHandle, plan: TrialPlan) -> tuple[Judge, 
         probe.calibrate()
     exchange_ms = calibrate(runner, device, probe) if device != "cpu" else None
     per_call = calibrate_calls(runner, probe) if device != "cpu" else None
-    built, _ = runner.exchange(
-        {"op": "build"}
+    service = CompileService.for_job(job, ready.get("compile"))  # ``ready`` came before candidate code
+    built = build_with_service(
+        runner, service
     )  # candidate code runs from here on: nothing it says is trusted
     variants = []
     for i, problem in enumerate(problems):
         reference = problem.make_reference().to(device)
         variants.append(Variant(i, problem, reference, _variant_label(problem, problems[0])))
     judge = Judge(job, runner, device, variants)
+    services.append(service)
     judge.exchange_ms = exchange_ms
     if probe is not None:
         judge.probe, judge.shared = probe, device_share.JudgeBuffers(device)
@@ -210,6 +216,7 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     built: dict[str, Any] = {}
     started = time.time()
     phase_times: dict[str, tuple[float, float]] = {}
+    services: list[CompileService | None] = []
     try:
         try:
             problem = load_problem(job.problem_path, job.shapes)
@@ -221,7 +228,7 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
             plan = _limit_variants(plan, job.evaluation.shape_variants)
         except KfError as exc:
             return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
-        judge, built = _start(job, runner, plan)
+        judge, built = _start(job, runner, plan, services)
         judge.check_native("after build")
         compile_s = float(built.get("compile_s") or 0.0)
         judge.phase("start and build")
@@ -292,5 +299,9 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
     )
     result.log = "\n".join(p for p in parts if p)[-12000:]
     result.phase_times = phase_times
+    service = services[0] if services else None
+    if service is not None:
+        result.compiles = service.records
+        result.log = (service.summary() + "\n" + result.log)[-12000:]
     result.wall_s = (_clock_ns() - start) / 1e9
     return result

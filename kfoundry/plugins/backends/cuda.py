@@ -156,6 +156,64 @@ class CudaBackend(Backend):
     ) -> KernelModule:
         return self.load_compiled(self.compile(source, defines=defines, build_options=build_options))
 
+    # -- compile and load as separate steps (the compile service, its cache) ----------------------
+
+    def artifact_target(self) -> str:
+        """What a cubin is built for: the ``arch`` option, else the selected device's compute capability."""
+        if self.options.arch:
+            return self.options.arch
+        return self.device.compute_capability or "9.0" if self.device is not None else "9.0"
+
+    def compile_artifact(
+        self,
+        source: str,
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+        target: str = "",
+        device: str | int | None = None,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The cubin for ``target`` (an arch such as ``sm_90``, or a compute capability such as ``9.0``),
+        with no device and no driver: a machine without the GPU compiles it."""
+        arch = target if target.startswith("sm_") else choose_arch(target or None, source)
+        options = list(self.options.build_options) + list(build_options or [])
+        if self.options.fast_math:
+            options.append("--use_fast_math")
+        result = compile_cuda(
+            source, arch=arch, compiler=self.options.compiler, defines=defines, options=options
+        )
+        meta = {
+            "arch": result.arch,
+            "compiler": result.compiler,
+            "log": result.log,
+            "compile_time_s": result.compile_time_s,
+            "resources": result.resources,
+            "ptx": result.ptx,
+            "kernels": sorted(result.resources),
+        }
+        return result.cubin, meta
+
+    def load_artifact(
+        self,
+        data: bytes,
+        meta: dict[str, Any],
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+    ) -> KernelModule:
+        """Load a cubin the compile service made (``cuModuleLoadData``) on the selected device."""
+        resources = meta.get("resources")
+        result = CompileResult(
+            cubin=data,
+            arch=str(meta.get("arch", "")),
+            compiler=str(meta.get("compiler", "")),
+            log=str(meta.get("log", "")),
+            compile_time_s=float(meta.get("compile_time_s") or 0.0),
+            resources=resources if isinstance(resources, dict) else {},
+            ptx=str(meta.get("ptx", "")),
+        )
+        return self.load_compiled(result)
+
     def load_compiled(self, result: CompileResult) -> KernelModule:
         """Load a compiled program (e.g. compiled in another process) on the selected device."""
         resources: dict[str, Any] = {name: dict(report) for name, report in result.resources.items()}

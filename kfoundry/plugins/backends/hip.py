@@ -161,6 +161,50 @@ class HipBackend(Backend):
         # compile-only path takes its arch without asking the driver.
         return self.load_compiled(self.compile(source, defines=defines, build_options=build_options))
 
+    # -- compile and load as separate steps (the compile service, its cache) ----------------------
+
+    def artifact_target(self) -> str:
+        return self.options.arch
+
+    def compile_artifact(
+        self,
+        source: str,
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+        target: str = "",
+        device: str | int | None = None,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The code object for the ``arch`` option, and its log and resources."""
+        result = self.compile(source, defines=defines, build_options=build_options)
+        meta = {
+            "arch": result.arch,
+            "log": result.log,
+            "compile_time_s": result.compile_time_s,
+            "resources": result.resources,
+            "kernels": sorted(kernel_short_name(k) for k in result.resources),
+        }
+        return result.code_object, meta
+
+    def load_artifact(
+        self,
+        data: bytes,
+        meta: dict[str, Any],
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+    ) -> KernelModule:
+        resources = meta.get("resources")
+        return self.load_compiled(
+            HipCompileResult(
+                code_object=data,
+                arch=str(meta.get("arch", "")),
+                log=str(meta.get("log", "")),
+                compile_time_s=float(meta.get("compile_time_s") or 0.0),
+                resources=resources if isinstance(resources, dict) else {},
+            )
+        )
+
     def load_compiled(self, result: HipCompileResult) -> KernelModule:
         """A module whose kernels carry their resource report and refuse to run."""
         kernels: dict[str, Any] = {}

@@ -198,6 +198,23 @@ class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
 
     # -- compile --------------------------------------------------------------------------------
 
+    def _options(self, defines: dict[str, ParamValue] | None, build_options: list[str] | None) -> list[str]:
+        options = [_define(k, v) for k, v in (defines or {}).items()]
+        options += list(self.options.build_options) + list(build_options or [])
+        if self.options.fast_math:
+            options.append("-cl-fast-relaxed-math")
+        return options
+
+    def _build(self, program: Any, options: list[str]) -> Any:
+        try:
+            return program.build(options=options)
+        except cl.Error as exc:
+            log = str(exc)
+            lines = [ln for ln in log.splitlines() if "error" in ln.lower() and "clBuildProgram" not in ln]
+            lines += [ln for ln in log.splitlines() if ln.startswith("Invalid build option")]
+            first = re.sub(r"^.*?tempfile_\w+\.cl:", "line ", lines[0]) if lines else "build failed"
+            raise CompileFailed(f"OpenCL build failed: {first}", log=log) from None
+
     def load(
         self,
         source: str,
@@ -206,22 +223,14 @@ class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
         build_options: list[str] | None = None,
     ) -> KernelModule:
         ctx, _ = self._context()
-        dev = self._cl_device()
-        options = [_define(k, v) for k, v in (defines or {}).items()]
-        options += list(self.options.build_options) + list(build_options or [])
-        if self.options.fast_math:
-            options.append("-cl-fast-relaxed-math")
         start = time.perf_counter()
-        try:
-            program = cl.Program(ctx, source).build(options=options)
-        except cl.Error as exc:
-            log = str(exc)
-            lines = [ln for ln in log.splitlines() if "error" in ln.lower() and "clBuildProgram" not in ln]
-            lines += [ln for ln in log.splitlines() if ln.startswith("Invalid build option")]
-            first = re.sub(r"^.*?tempfile_\w+\.cl:", "line ", lines[0]) if lines else "build failed"
-            raise CompileFailed(f"OpenCL build failed: {first}", log=log) from None
-        elapsed = time.perf_counter() - start
-        log = (program.get_build_info(dev, cl.program_build_info.LOG) or "").strip()
+        program = self._build(cl.Program(ctx, source), self._options(defines, build_options))
+        return self._module(program, time.perf_counter() - start)
+
+    def _module(self, program: Any, elapsed: float, log: str | None = None) -> KernelModule:
+        dev = self._cl_device()
+        if log is None:
+            log = (program.get_build_info(dev, cl.program_build_info.LOG) or "").strip()
         kernels: dict[str, Any] = {}
         resources: dict[str, Any] = {}
         try:  # the program binary's size (a statistic the behaviour descriptors report)
@@ -236,6 +245,52 @@ class OpenCLBackend(QueueBackend[tuple[Any, Any]]):
         if not kernels:
             raise CompileFailed("OpenCL program defines no __kernel function", log=log)
         return KernelModule(kernels, resources=resources, compile_time_s=elapsed, log=log)
+
+    # -- compile and load as separate steps (the compile service, its cache) ----------------------
+
+    def artifact_target(self) -> str:
+        """What a program binary is built for: the selected device and its driver."""
+        dev = self.require_device()
+        return f"{dev.key}; {dev.driver_version}"
+
+    def compile_artifact(
+        self,
+        source: str,
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+        target: str = "",
+        device: str | int | None = None,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Build ``source`` for ``device`` in a context of its own: the program binary and its log."""
+        self.select_device(device)
+        dev = self._cl_device()
+        start = time.perf_counter()
+        program = self._build(cl.Program(cl.Context([dev]), source), self._options(defines, build_options))
+        elapsed = time.perf_counter() - start
+        log = (program.get_build_info(dev, cl.program_build_info.LOG) or "").strip()
+        kernels = [n for n in program.kernel_names.split(";") if n]
+        if not kernels:
+            raise CompileFailed("OpenCL program defines no __kernel function", log=log)
+        binary = bytes(program.get_info(cl.program_info.BINARIES)[0])
+        return binary, {"log": log, "compile_time_s": elapsed, "kernels": kernels}
+
+    def load_artifact(
+        self,
+        data: bytes,
+        meta: dict[str, Any],
+        *,
+        defines: dict[str, ParamValue] | None = None,
+        build_options: list[str] | None = None,
+    ) -> KernelModule:
+        """A program from its binary (``clCreateProgramWithBinary``) on the selected device."""
+        ctx, _ = self._context()
+        start = time.perf_counter()
+        program = self._build(
+            cl.Program(ctx, [self._cl_device()], [data]), self._options(defines, build_options)
+        )
+        compile_s = float(meta.get("compile_time_s") or 0.0)
+        return self._module(program, compile_s + time.perf_counter() - start, str(meta.get("log") or ""))
 
     @staticmethod
     def _kernel_resources(kernel: Any, dev: Any) -> dict[str, Any]:
