@@ -62,6 +62,7 @@ CUDA_VARIANTS = (
     "/split_rows_vec",
     "/inner_columns",
     "matmul/sgemm_128x128",
+    "elementwise/vector_blocked",
     "matmul/gemv_block",
     "elementwise/vector_ilp",
 )
