@@ -7,7 +7,9 @@ is built, and a missing ray is a one-line error. See ``docs/distributed.md``.
   workers need the installed package and nothing else: no shared file system, no checkout. (A native
   ``.toml`` task names a reference file next to it: those jobs keep the path and need the files.)
 - Tasks ask for ``cpus_per_job`` CPUs, and for a GPU (``num_gpus``) when the backend is ``cuda``
-  (``gpus_per_job``, default 1 there, 0 elsewhere), so at most one benchmark runs per device.
+  (``gpus_per_job``, default 1 there, 0 elsewhere), so at most one benchmark runs per device; a GPU
+  task also asks for ``device_resources`` (a custom resource per device kind), a CPU one for
+  ``cpu_resources``. A GPU task runs on device 0 of what Ray made visible to it.
 - No more tasks are in flight than the cluster has room for, so a task runs as soon as it is
   submitted; one that has not answered ``task_timeout_s`` after submission is cancelled and is a
   ``timeout``. Results come back as they finish (``ray.wait``); only the driver writes the store.
@@ -58,6 +60,15 @@ class RayOptions(BaseModel):
     cpus_per_job: float = Field(default=1.0, gt=0, description="CPUs each task reserves")
     gpus_per_job: float | None = Field(
         default=None, ge=0, description="GPUs each task reserves (None: 1 for the cuda backend, else 0)"
+    )
+    device_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources a GPU job (the device lane) asks for besides num_gpus, e.g. "
+        "{kf_device_cuda_sm90 = 1} for nodes started with --resources='{\"kf_device_cuda_sm90\": 8}'",
+    )
+    cpu_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources a job without a GPU asks for (e.g. {kf_compile = 1})",
     )
     task_timeout_s: float = Field(
         default=120.0,
@@ -132,9 +143,15 @@ class RayExecutor(Executor):
         gpus = self.options.gpus_per_job
         if gpus is None:
             gpus = 1.0 if job.on_gpu or job.backend == "cuda" else 0.0
-        task = self._task.options(num_cpus=self.options.cpus_per_job, num_gpus=gpus)
+        custom = self.options.device_resources if gpus > 0 else self.options.cpu_resources
+        task = self._task.options(
+            num_cpus=self.options.cpus_per_job, num_gpus=gpus, resources=dict(custom) or None
+        )
         if job.threads is None:  # the job's thread pools sized to the CPUs its task reserves
             job = job.model_copy(update={"threads": max(1, int(self.options.cpus_per_job))})
+        if gpus > 0 and job.backend == "cuda" and isinstance(job.device, int):
+            # Ray gives the task its GPU as CUDA_VISIBLE_DEVICES: device 0 there (the lane lock maps it back)
+            job = job.model_copy(update={"device": 0})
         return task.remote(job.model_dump_json())
 
     def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
