@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: Operators a forward may run: allocation, views, copies and shape bookkeeping.
@@ -95,6 +96,70 @@ def poison(t: torch.Tensor) -> None:
         t.fill_(max(info.min, min(info.max, INT_POISON)) if info.min < 0 else info.max)
 
 
+#: Torch functions that read metadata or make tensors (never compute), beside :data:`ALLOWED_OPS`.
+METADATA_FUNCTIONS = {
+    "size",
+    "stride",
+    "numel",
+    "dim",
+    "data_ptr",
+    "element_size",
+    "is_contiguous",
+    "storage_offset",
+    "get_device",
+    "is_floating_point",
+    "is_complex",
+    "is_tensor",
+    "is_storage",
+    "result_type",
+    "can_cast",
+    "promote_types",
+    "tensor",
+    "as_tensor",
+    "item",
+    "is_same_size",
+}
+#: Ways a forward hands a tensor's memory to host code (NumPy computes there, unseen by either mode).
+HOST_VIEWS = {"numpy", "array", "dlpack", "tolist"}
+_NAMESPACES = ("_VariableFunctions", "_nn", "_special", "_linalg", "_fft")
+
+
+def _computing_function(name: str) -> str | None:
+    """The torch function a ``__torch_function__`` name stands for, if it computes (``matmul``, ``__add__``)."""
+    base = name.split(".")[0].strip("_")
+    if base in HOST_VIEWS:
+        return f"{base} (the tensor's memory handed to the host)"
+    if not base or base in ALLOWED_OPS or base in METADATA_FUNCTIONS:
+        return None
+    for candidate in (base, base[1:] if base[:1] in ("r", "i") else None):
+        if (
+            candidate
+            and candidate not in ALLOWED_OPS
+            and candidate not in METADATA_FUNCTIONS
+            and any(hasattr(getattr(torch._C, ns, None), candidate) for ns in _NAMESPACES)
+        ):
+            return candidate
+    return None
+
+
+class _FunctionWatch(TorchFunctionMode):
+    """A second, independent record of torch compute: torch functions as Python calls them.
+
+    Popping the dispatch modes (``_disable_current_modes``) or calling an operator at a chosen dispatch
+    key gets past :class:`ForwardGuard`'s dispatch mode; it does not get past this one.
+    """
+
+    def __init__(self, forbidden: list[str]) -> None:
+        super().__init__()
+        self.forbidden = forbidden
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = _computing_function(str(getattr(func, "__name__", "")))
+        if name is not None and name not in self.forbidden:
+            self.forbidden.append(name)
+        return func(*args, **(kwargs or {}))
+
+
 class ForwardGuard(TorchDispatchMode):
     """Use as ``with ForwardGuard(poison=True) as g: model(*inputs)``; then read ``g.forbidden``."""
 
@@ -127,13 +192,16 @@ class ForwardGuard(TorchDispatchMode):
             if original is not None:
                 self._saved.append((owner, name, original))
                 setattr(owner, name, record(original))
+        self._functions = _FunctionWatch(self.forbidden)
+        self._functions.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._functions.__exit__(*exc)
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()
-        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__

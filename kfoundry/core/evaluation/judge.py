@@ -170,7 +170,9 @@ class Judge:
     def _error_result(self, reply: dict[str, Any], what: str) -> JobResult:
         message = str(reply.get("error", "no answer"))[:2000]
         kind = reply.get("kind")
-        outcome = Outcome.compile_error if kind == "compile_error" else Outcome.runtime_error
+        outcome = {"compile_error": Outcome.compile_error, "rejected": Outcome.rejected}.get(
+            str(kind), Outcome.runtime_error
+        )
         if "MemoryError" in message or "can't allocate" in message:
             message = f"out of memory (memory limit reached): {message}"
         return JobResult(outcome=outcome, message=f"{what}: {message}", log=str(reply.get("log", ""))[-4000:])
@@ -213,6 +215,17 @@ class Judge:
     def _policy(self, reply: dict[str, Any], what: str) -> None:
         forbidden = [str(x) for x in reply.get("forbidden", []) or []][:10]
         threads = [str(x) for x in reply.get("threads", []) or []][:10]
+        library = [str(x) for x in reply.get("library", []) or []][:5]
+        if library:
+            raise JobFailed(
+                JobResult(
+                    outcome=Outcome.rejected,
+                    message=(
+                        f"{what}: computes with a library ({', '.join(library)}): compute must run in the "
+                        "candidate's own kernels"
+                    ),
+                )
+            )
         if forbidden:
             raise JobFailed(
                 JobResult(

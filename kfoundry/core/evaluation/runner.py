@@ -32,6 +32,7 @@ import torch
 from kfoundry import runtime
 from kfoundry.core.backend import Backend, CompileFailed, KernelModule
 from kfoundry.core.errors import KfError
+from kfoundry.core.evaluation import audit_guard
 from kfoundry.core.evaluation.arena import RunnerArena
 from kfoundry.core.evaluation.channel import Channel, ChannelClosed
 from kfoundry.core.evaluation.compile_service import RemoteCompiler, runner_compile_info
@@ -208,13 +209,15 @@ class Runner:
             shares = self._share(self.outputs)
             marks.append(time.perf_counter())
         except KfError as exc:
-            return {"error": str(exc), "kind": "runtime_error"}
+            return _refused_or({"error": str(exc), "kind": "runtime_error"})
         except Exception as exc:
-            return {
-                "error": f"{type(exc).__name__}: {exc}",
-                "kind": "runtime_error",
-                "log": candidate_traceback(exc),
-            }
+            return _refused_or(
+                {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "kind": "runtime_error",
+                    "log": candidate_traceback(exc),
+                }
+            )
         reply: dict[str, Any] = {
             "ok": True,
             "outs": described,
@@ -228,6 +231,7 @@ class Runner:
         if guard is not None:
             reply["forbidden"] = guard.forbidden[:20]
             reply["threads"] = guard.threads[:20]
+        reply["library"] = audit_guard.offences()
         return reply
 
     def _share(self, outputs: list[list[Any]]) -> list[list[Any]] | None:
@@ -308,6 +312,19 @@ class Runner:
             else:
                 reply = {"error": f"unknown command {op!r}", "kind": "runtime_error"}
             self.chan.send(reply)
+
+
+def _refused_or(reply: dict[str, Any]) -> dict[str, Any]:
+    """A failed reply becomes ``rejected`` when the audit hook refused something (the runner can only
+    incriminate itself: a candidate that hides an offence still did not get what it asked for)."""
+    refused = audit_guard.offences()
+    if reply.get("ok") is True or not refused:
+        return reply
+    return {
+        "error": f"computes with a library ({', '.join(refused[:5])}): compute must run in the candidate's own kernels",
+        "kind": "rejected",
+        "log": str(reply.get("error", ""))[:2000],
+    }
 
 
 def _jsonable(value: Any) -> Any:
@@ -391,10 +408,12 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         if remote is not None:  # kernels compiled by the judge's confined compile step (and its cache)
             backend.load = remote  # type: ignore[method-assign]
         runner = Runner(chan, job, problems, backend, timer)
+        if job.kind == "evaluate":
+            audit_guard.arm()  # no way back: the hook stays for the runner's life
         built = runner.build()
         if remote is not None:
             remote.active = False
-        chan.send(built)
+        chan.send(_refused_or(built))
         runner.serve()
     except ChannelClosed:
         status = 3

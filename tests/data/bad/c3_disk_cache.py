@@ -1,4 +1,4 @@
-"""problem=matmul shape M=256 K=256 N=256 expect=mismatch|correct max_speedup=1
+"""problem=matmul shape M=256 K=256 N=256 expect=mismatch|correct|rejected max_speedup=1
 A result cache in files under /tmp keyed by a hash of sampled input elements: computed once by the kernel, read back (numpy.fromfile) on every later call with the same key, across calls and across jobs."""
 import numpy as np
 import torch
