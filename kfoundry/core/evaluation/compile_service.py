@@ -155,7 +155,7 @@ def _compile_child(job: EvalJob, request: dict[str, Any], target: str, out: int)
             max_processes=64,
             uid=3_500_000 + os.getpid() % 1_000_000,
         )
-        confine.confine(plan)
+        report = confine.confine(plan)
         backend = get_plugin("backend", job.backend).build(job.backend_options)
         data, meta = backend.compile_artifact(
             request["source"],
@@ -164,7 +164,7 @@ def _compile_child(job: EvalJob, request: dict[str, Any], target: str, out: int)
             target=target,
             device=job.device,
         )
-        blob = pack(Artifact(bytes(data), dict(meta)))
+        blob = pack(Artifact(bytes(data), {**meta, "unconfined": report.missing()}))
     except CompileFailed as exc:
         blob = pack(Artifact(b"", {"error": str(exc), "log": exc.log}))
     except BaseException as exc:
@@ -190,6 +190,8 @@ class CompileService:
     cache: CompileCache | None = None
     #: one entry per request: key prefix, kernels, whether served from the cache, seconds
     records: list[dict[str, Any]] = field(default_factory=list)
+    #: the job's deadline (``time.monotonic``): no compile runs past it
+    deadline: float = float("inf")
 
     @classmethod
     def for_job(cls, job: EvalJob, info: Any) -> CompileService | None:
@@ -228,9 +230,9 @@ class CompileService:
         cached = artifact is not None
         if artifact is None:
             try:
-                artifact = compile_confined(
-                    self.job, inputs, self.target, self.job.evaluation.compile_timeout_s
-                )
+                left = max(1.0, self.deadline - time.monotonic())
+                timeout = min(self.job.evaluation.compile_timeout_s, left)
+                artifact = compile_confined(self.job, inputs, self.target, timeout)
             except CompileFailed as exc:
                 self.records.append({"key": key[:16], "cached": False, "error": str(exc)[:200]})
                 return {"error": str(exc), "log": exc.log[-20000:], "kind": "compile_error"}, []
@@ -238,15 +240,16 @@ class CompileService:
                 with contextlib.suppress(OSError):
                     self.cache.put(key, artifact)
         seconds = time.perf_counter() - started
-        kernels = artifact.meta.get("kernels")
-        self.records.append(
-            {
-                "key": key[:16],
-                "cached": cached,
-                "seconds": round(seconds, 4),
-                "kernels": [str(k) for k in kernels][:64] if isinstance(kernels, list) else [],
-            }
-        )
+        kernels, unconfined = artifact.meta.get("kernels"), artifact.meta.get("unconfined")
+        record: dict[str, Any] = {
+            "key": key[:16],
+            "cached": cached,
+            "seconds": round(seconds, 4),
+            "kernels": [str(k) for k in kernels][:64] if isinstance(kernels, list) else [],
+        }
+        if unconfined and not cached:  # protections the compile step lacked (as a runner's are logged)
+            record["unconfined"] = [str(u) for u in unconfined][:16]
+        self.records.append(record)
         return {"ok": True, "cached": cached}, [_sealed_memfd(pack(artifact))]
 
     def summary(self) -> str:
@@ -265,6 +268,8 @@ class CompileService:
 
 def build_with_service(runner: Any, service: CompileService | None) -> dict[str, Any]:
     """The ``build`` exchange, answering the runner's compile requests on the way; its final answer."""
+    if service is not None:
+        service.deadline = runner.deadline
     runner.thaw()
     runner.chan.send({"op": "build", "compile_service": service is not None})
     while True:
