@@ -249,8 +249,20 @@ _BINARY: dict[Any, str] = {
     operator.truediv: "/",
     torch.div: "/",
     torch.true_divide: "/",
+    torch.multiply: "*",
+    torch.subtract: "-",
+    torch.divide: "/",
 }
-_BINARY_METHODS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_BINARY_METHODS = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "multiply": "*",
+    "subtract": "-",
+    "divide": "/",
+    "true_divide": "/",
+}
 
 
 def _kwargs(name: str, node: Any, module: Any = None) -> dict[str, Any]:

@@ -871,8 +871,8 @@ class Lowering:
             if not isinstance(attr, torch.Tensor):
                 self.vals[node] = PyVal(attr, repr(attr))
             else:
-                self.fwd(f"S{n} = tuple(self.ref.{node.target}.shape)")
-                self.vals[node] = self.buffer_val(f"self.ref.{node.target}", _shape(node), f"S{n}")
+                self.fwd(f"S{n} = tuple({ref_path(str(node.target))}.shape)")
+                self.vals[node] = self.buffer_val(ref_path(str(node.target)), _shape(node), f"S{n}")
         out: Val | PyVal = self.vals[node]
         return out
 
@@ -940,6 +940,12 @@ def _is_pyvalue(node: fx.Node) -> bool:
 # -- rendering -----------------------------------------------------------------------------------
 
 
+def ref_path(target: str) -> str:
+    """Python text for the reference submodule or parameter at fx ``target`` (``net.0.weight`` is
+    ``self.ref.net[0].weight``: an ``nn.Sequential`` or ``nn.ModuleList`` is indexed)."""
+    return "self.ref" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in target.split("."))
+
+
 def with_shapes(reference_source: str, shapes: dict[str, int | float] | None) -> ast.Module:
     """The reference's syntax tree with the module constants named in ``shapes`` set to those values
     (``a, b = 1, 2`` is split first); running it recomputes what is derived from them."""
@@ -997,6 +1003,7 @@ __all__ = [
     "Schedule",
     "Val",
     "init_source",
+    "ref_path",
     "kernel_source",
     "forward_body",
     "horner",

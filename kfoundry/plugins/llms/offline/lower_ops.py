@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
-from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, unflat
+from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
 if TYPE_CHECKING:
     from kfoundry.plugins.llms.offline.lower import Lowering
@@ -142,7 +142,7 @@ def lower_node(L: Lowering, node: fx.Node) -> Val:
         handler = _MODULE_OPS.get(name)
         if handler is None:
             raise _unsupported(f"module nn.{name}")
-        return handler(L, node, mod, f"self.ref.{node.target}")
+        return handler(L, node, mod, ref_path(str(node.target)))
     if name == "getitem":
         return _getitem(L, node)
     if name in ("getattr.values", "getattr.indices") and isinstance(L.vals.get(_args(node)[0]), _Pending):
