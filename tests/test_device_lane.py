@@ -59,3 +59,13 @@ def test_benchmarks_never_overlap_while_builds_do(tmp_path: Path) -> None:
     # the jobs started together: their builds ran side by side (outside the lane)
     assert any(_overlap(builds[i], builds[j]) for i in range(3) for j in range(i + 1, 3)), builds
     assert (tmp_path / "bench-dev0.lock").exists()
+
+
+def test_local_executor_spreads_jobs_over_devices_one_lane_each() -> None:
+    from kfoundry.plugins.executors.local import spread
+
+    jobs = [EvalJob(problem_path="p.py", backend="cuda", lock_path="/tmp/kf-bench-h.lock") for _ in range(5)]
+    spread_jobs = spread(jobs, [0, 1, 2, 3])
+    assert [j.device for j in spread_jobs] == [0, 1, 2, 3, 0]
+    assert len({lane_lock_path(j) for j in spread_jobs}) == 4
+    assert spread(jobs, []) == jobs

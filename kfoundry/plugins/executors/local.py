@@ -31,6 +31,11 @@ class LocalOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workers: int = Field(default=1, ge=1, le=256, description="jobs run at once")
+    devices: list[int] = Field(
+        default_factory=list,
+        description="device indices (of one model) to spread jobs over, one benchmark lane each, e.g. "
+        "[0, 1, 2, 3] on a host with four GPUs; empty: the configured backend.device",
+    )
 
 
 def _result_of(future: Future[JobResult]) -> JobResult:
@@ -57,6 +62,7 @@ class LocalExecutor(Executor):
         return [r for r in results if r is not None]
 
     def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
+        jobs = spread(jobs, self.options.devices)
         if self.options.workers == 1 or len(jobs) <= 1:
             for i, job in enumerate(jobs):
                 yield i, run_sandboxed(job)
@@ -73,6 +79,13 @@ class LocalExecutor(Executor):
                     yield futures[future], _result_of(future)
         finally:  # the caller stopped early (a budget): jobs not started never start
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def spread(jobs: list[EvalJob], devices: list[int]) -> list[EvalJob]:
+    """Jobs assigned round-robin to ``devices`` (each device has its own lane; none: unchanged)."""
+    if not devices:
+        return jobs
+    return [job.model_copy(update={"device": devices[i % len(devices)]}) for i, job in enumerate(jobs)]
 
 
 @hookimpl
