@@ -64,3 +64,33 @@ def test_kernelbench_forms_are_lowered_and_correct_on_pocl(key: str) -> None:
         got = model(*inputs)
         synchronize()
     torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_dropout_in_training_mode_is_a_fresh_random_mask_on_pocl() -> None:
+    from kfoundry.core.generator import ProblemSummary
+    from kfoundry.core.plugins import get_plugin
+    from kfoundry.runtime import set_backend
+
+    set_backend(get_plugin("backend", "opencl").build({}))
+    src = (
+        "import torch\nimport torch.nn as nn\n\nn = 4096\n\n\nclass Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.d = nn.Dropout(0.3)\n\n"
+        "    def forward(self, x):\n        return self.d(x)\n\n\n"
+        "def get_inputs():\n    return [torch.rand(2, n) + 1.0]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    recipe = max(
+        OfflineGenerator().recipes(ProblemSummary(name="drop", reference_source=src), "opencl"),
+        key=lambda r: r.rank,
+    )
+    namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    model = namespace["ModelNew"]()  # type: ignore[operator]
+    x = torch.rand(2, 4096) + 1.0
+    with torch.no_grad():
+        a, b = model(x), model(x)
+        synchronize()
+    for y in (a, b):
+        kept = y != 0
+        assert 0.25 < 1.0 - kept.float().mean().item() < 0.35
+        torch.testing.assert_close(y[kept], x[kept] / 0.7)
+    assert not torch.equal(a, b)  # a new mask per call

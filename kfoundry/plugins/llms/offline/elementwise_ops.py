@@ -56,9 +56,22 @@ KF_ERF_IMPL(floatv)
 """
 
 
+#: kf_keep(i, seed, p): 1 with probability 1 - p, from a 32-bit counter hash of (i, seed) (dropout's mask).
+_KEEP = """{q} int kf_keep(kf_long i, int seed, float p) {{
+    unsigned int h = ((unsigned int)i * 0x9E3779B1u) ^ ((unsigned int)(i >> 32) * 0x85EBCA77u)
+        ^ ((unsigned int)seed * 0xC2B2AE3Du);
+    h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
+    return (float)(h >> 8) * (1.0f / 16777216.0f) >= p;
+}}
+"""
+
+
 def prelude(expr: str, lang: str) -> str:
     """Helper definitions an expression needs (empty when none)."""
-    return OPENCL_MATH_PRELUDE if lang == "opencl" and "kf_erf" in expr else ""
+    out = OPENCL_MATH_PRELUDE if lang == "opencl" and "kf_erf" in expr else ""
+    if "kf_keep(" in expr:
+        out += _KEEP.format(q="__device__ __forceinline__" if lang == "cuda" else "")
+    return out
 
 
 def fn(name: str, lang: str) -> str:

@@ -99,10 +99,16 @@ def py_value(L: Lowering, node: fx.Node) -> PyVal:
                 f"a {_PY_OPS[t]} b", {"a": a, "b": b}
             ),
         )
+    elif node.op == "call_function" and t in _PY_MATH and len(args) == 1:
+        # math.sqrt(q.size(-1)) and the like: computed in forward from the sizes
+        expr, value = f"__import__('math').{t.__name__}({_pyexpr(L, args[0])})", t(_pyval(L, args[0]))
     else:
         raise _unsupported(f"op {getattr(t, '__name__', t)}")
     L.fwd(f"P{n} = {expr}")
     return PyVal(value, f"P{n}")
+
+
+_PY_MATH = (math.sqrt, math.log, math.exp, math.floor, math.ceil, math.log2)
 
 
 # -- dispatch ------------------------------------------------------------------------------------
@@ -766,9 +772,30 @@ def _normalize(L: Lowering, node: fx.Node) -> Val:
 
 
 def _dropout_fn(L: Lowering, node: fx.Node) -> Val:
-    if float(_arg(node, 1, "p", 0.5)) > 0.0 and bool(_arg(node, 2, "training", True)):
-        raise _unsupported("dropout in training mode (random)")
+    p = float(_arg(node, 1, "p", 0.5))
+    if p > 0.0 and bool(_arg(node, 2, "training", True)):
+        return _dropout_train(L, node, p)
     return _identity(L, node)
+
+
+def _dropout_train(L: Lowering, node: fx.Node, p: float) -> Val:
+    """Dropout in training mode: a fresh random mask per call (a counter hash of the element's flat index
+    and a seed drawn from torch's CPU generator in ``forward``), kept elements scaled by 1 / (1 - p).
+    Its values differ from torch's mask; a reference whose output does not depend on the mask (a softmax
+    over a size-1 dim after it, as KernelBench's Matmul_Dropout_Mean_Softmax) is matched exactly."""
+    if p >= 1.0:
+        raise _unsupported("dropout with p >= 1")
+    src = L.tensor(_args(node)[0])
+    n = L.order[node]
+    seed = L.sym(f"int(torch.randint(0, 1 << 30, (1,))) ^ {n}")
+    L.fwd(f"S{n} = {src.py_shape}")
+    dims = L.shape_dims(f"S{n}", src.shape)
+
+    def body(c: list[str]) -> str:
+        flat = horner(c, dims)
+        return f"float acc = kf_keep({flat}, {seed}, {lit(p)}) ? ({src.load(c)}) * {lit(1.0 / (1.0 - p))} : 0.0f;"
+
+    return L.emit_pointwise(src.shape, f"S{n}", body, "dropout", node=node)
 
 
 def _vector_norm(L: Lowering, node: fx.Node) -> Val:
@@ -1761,7 +1788,7 @@ def _flatten_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
 def _dropout_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     if mod.training and float(getattr(mod, "p", 0.0)) > 0.0:
-        raise _unsupported("dropout in training mode (random)")
+        return _dropout_train(L, node, float(getattr(mod, "p", 0.5)))
     return _identity(L, node)
 
 
