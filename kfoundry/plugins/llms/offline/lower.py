@@ -202,6 +202,17 @@ LANE_MIN = 64
 
 #: Python helpers of the rendered module (shape rules evaluated in ``forward``).
 PY_HELPERS = '''
+import math
+
+_KF_SEED = [0x2545F491]
+
+
+def _kf_seed(n):
+    # dropout's seed: a new one per call (a linear congruential step), mixed with the node number
+    _KF_SEED[0] = (_KF_SEED[0] * 1103515245 + 12345) & 0x3FFFFFFF
+    return _KF_SEED[0] ^ n
+
+
 def _grid(n, b):
     return (max(1, min(_cdiv(int(n), b), 8192)), 1, 1)
 

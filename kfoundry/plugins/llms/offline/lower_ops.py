@@ -101,7 +101,7 @@ def py_value(L: Lowering, node: fx.Node) -> PyVal:
         )
     elif node.op == "call_function" and t in _PY_MATH and len(args) == 1:
         # math.sqrt(q.size(-1)) and the like: computed in forward from the sizes
-        expr, value = f"__import__('math').{t.__name__}({_pyexpr(L, args[0])})", t(_pyval(L, args[0]))
+        expr, value = f"math.{t.__name__}({_pyexpr(L, args[0])})", t(_pyval(L, args[0]))
     else:
         raise _unsupported(f"op {getattr(t, '__name__', t)}")
     L.fwd(f"P{n} = {expr}")
@@ -780,14 +780,14 @@ def _dropout_fn(L: Lowering, node: fx.Node) -> Val:
 
 def _dropout_train(L: Lowering, node: fx.Node, p: float) -> Val:
     """Dropout in training mode: a fresh random mask per call (a counter hash of the element's flat index
-    and a seed drawn from torch's CPU generator in ``forward``), kept elements scaled by 1 / (1 - p).
+    and a seed that ``forward`` steps each call: ``_kf_seed``), kept elements scaled by 1 / (1 - p).
     Its values differ from torch's mask; a reference whose output does not depend on the mask (a softmax
     over a size-1 dim after it, as KernelBench's Matmul_Dropout_Mean_Softmax) is matched exactly."""
     if p >= 1.0:
         raise _unsupported("dropout with p >= 1")
     src = L.tensor(_args(node)[0])
     n = L.order[node]
-    seed = L.sym(f"int(torch.randint(0, 1 << 30, (1,))) ^ {n}")
+    seed = L.sym(f"_kf_seed({n})")
     L.fwd(f"S{n} = {src.py_shape}")
     dims = L.shape_dims(f"S{n}", src.shape)
 
