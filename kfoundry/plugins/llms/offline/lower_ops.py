@@ -1021,25 +1021,68 @@ def _batch_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
 def _group_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     assert isinstance(mod, nn.GroupNorm)
+    w = L.ptr(f"{path}.weight") if mod.affine else None
+    b = L.ptr(f"{path}.bias") if mod.affine else None
+    return _group_norm_rows(L, node, f"{path}.num_groups", mod.num_groups, mod.eps, w, b)
+
+
+def _param_ptr(L: Lowering, a: Any) -> str | None:
+    """The kernel pointer of a functional norm's weight or bias (a parameter of the reference), or None."""
+    if a is None:
+        return None
+    if isinstance(a, fx.Node) and a.op == "get_attr":
+        return L.ptr(ref_path(str(a.target)))
+    raise _unsupported("a normalisation weight that is not a parameter of the model")
+
+
+def _group_norm_fn(L: Lowering, node: fx.Node) -> Val:
+    groups = int(_pyval(L, _arg(node, 1, "num_groups")))
+    w, b = _param_ptr(L, _arg(node, 2, "weight")), _param_ptr(L, _arg(node, 3, "bias"))
+    return _group_norm_rows(L, node, str(groups), groups, float(_arg(node, 4, "eps", 1e-5)), w, b)
+
+
+def _instance_norm_fn(L: Lowering, node: fx.Node) -> Val:
+    if _arg(node, 1, "running_mean") is not None or not bool(_arg(node, 5, "use_input_stats", True)):
+        raise _unsupported("instance norm with running statistics")
+    src = L.tensor(_args(node)[0])
+    w, b = _param_ptr(L, _arg(node, 3, "weight")), _param_ptr(L, _arg(node, 4, "bias"))
+    chan = lambda c: c[1]  # noqa: E731
+    eps = float(_arg(node, 7, "eps", 1e-5))
+    return _norm_rows(L, node, src, list(range(2, len(src.shape))), eps, w, b, chan, "instancenorm")
+
+
+def _layer_norm_fn(L: Lowering, node: fx.Node) -> Val:
+    src = L.tensor(_args(node)[0])
+    shape = _pyval(L, _arg(node, 1, "normalized_shape"))
+    k = 1 if isinstance(shape, int) else len(tuple(shape))
+    nd = len(src.shape)
+    w, b = _param_ptr(L, _arg(node, 2, "weight")), _param_ptr(L, _arg(node, 3, "bias"))
+    rd = list(range(nd - k, nd))
+    chan = lambda c: horner([c[i] for i in rd], [src.dims[i] for i in rd])  # noqa: E731
+    return _norm_rows(L, node, src, rd, float(_arg(node, 4, "eps", 1e-5)), w, b, chan, "layernorm")
+
+
+def _group_norm_rows(
+    L: Lowering, node: fx.Node, groups_py: str, groups: int, eps: float, w: str | None, b: str | None
+) -> Val:
+    """Group norm with ``groups_py`` (Python text) groups: rows of the (N, G, C/G * spatial) view."""
     src = L.tensor(_args(node)[0])
     n = L.order[node]
     nd = len(src.shape)
-    G = L.sym(f"{path}.num_groups")
+    G = L.sym(groups_py)
     # view x as (N, G, C/G * spatial): rows (n, g); stats over the last dim
     S = src.py_shape
-    L.fwd(f"V{n} = ({S}[0], {path}.num_groups, _prod({S}[1:]) // {path}.num_groups)")
-    vshape = (src.shape[0], mod.num_groups, math.prod(src.shape[1:]) // mod.num_groups)
+    L.fwd(f"V{n} = ({S}[0], {groups_py}, _prod({S}[1:]) // {groups_py})")
+    vshape = (src.shape[0], groups, math.prod(src.shape[1:]) // groups)
     vd = L.shape_dims(f"V{n}", vshape)
     flat_dims = src.dims
     view = Val(vshape, vd, lambda c: src.load(unflat(horner(c, vd), flat_dims)), f"V{n}")
-    w = L.ptr(f"{path}.weight") if mod.affine else None
-    b = L.ptr(f"{path}.bias") if mod.affine else None
     spatial = " * ".join(f"(kf_long){d}" for d in src.dims[2:]) or "1"
     cpg = f"({src.dims[1]} / {G})"
     chan = lambda c: f"(({c[1]}) * {cpg} + ({c[2]}) / ({spatial}))"  # noqa: E731
     del nd
     # the rows kernel writes the (N, G, rest) view; its buffer's flat order is the input's
-    v = _norm_rows(L, node, view, [2], mod.eps, w, b, chan, "groupnorm", epilogue=False)
+    v = _norm_rows(L, node, view, [2], eps, w, b, chan, "groupnorm", epilogue=False)
     L.fwd(f"S{n} = {S}")
     return L.buffer_val(str(v.buffer), src.shape, f"S{n}")
 
@@ -1744,6 +1787,9 @@ _ANCHOR_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
     "vector_norm": _vector_norm,
     "normalize": _normalize,
     "dropout": _dropout_fn,
+    "group_norm": _group_norm_fn,
+    "instance_norm": _instance_norm_fn,
+    "layer_norm": _layer_norm_fn,
     "softmax": _softmax_fn,
     "log_softmax": _softmax_fn,
     "cumsum": _scan,

@@ -1,0 +1,33 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 4
+in_channels = 3
+out_channels = 8
+height, width = 10, 9
+in_features = 12
+out_features = 16
+
+
+class Model(nn.Module):
+    """A KernelBench-style chain (see forward)."""
+
+    def __init__(self, in_channels, out_channels, in_features, out_features):
+        super(Model, self).__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, 3)
+
+    def forward(self, x):
+        x = F.instance_norm(self.conv(x))
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, in_features, out_features]

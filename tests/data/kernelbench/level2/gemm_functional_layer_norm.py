@@ -1,0 +1,36 @@
+# ruff: noqa: UP008  (KernelBench writes super(Model, self))
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 4
+in_channels = 3
+out_channels = 8
+height, width = 10, 9
+in_features = 12
+out_features = 16
+
+
+class Model(nn.Module):
+    """A KernelBench-style chain (see forward)."""
+
+    def __init__(self, in_channels, out_channels, in_features, out_features):
+        super(Model, self).__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.gamma = nn.Parameter(torch.randn(out_features))
+        self.beta = nn.Parameter(torch.randn(out_features))
+
+    def forward(self, x):
+        x = self.linear(x)
+        x = F.layer_norm(x, x.shape[1:], self.gamma, self.beta, eps=1e-6)
+        return x
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_channels, out_channels, in_features, out_features]
