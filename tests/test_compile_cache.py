@@ -18,6 +18,11 @@ from kfoundry.core.evaluation.compile_service import compile_confined
 from kfoundry.core.models import Candidate, Outcome
 from kfoundry.plugins.executors.local import LocalExecutor
 
+needs_pyopencl = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("pyopencl") is None,
+    reason="pyopencl is not installed (the jobs run on PoCL)",
+)
+
 PROBLEM = str(EXAMPLES / "kernelbench" / "vector_add.py")
 HONEST = (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()
 
@@ -53,6 +58,7 @@ def test_key_covers_every_input_and_the_cache_checks_its_entries(tmp_path: Path)
         cache.get("../../etc/passwd")
 
 
+@needs_pyopencl
 def test_jobs_share_artefacts_and_compile_errors_keep_their_log(tmp_path: Path) -> None:
     cache = tmp_path / "compile-cache"
     first, second = LocalExecutor().run([_job(HONEST, cache), _job(HONEST, cache)])
@@ -136,6 +142,7 @@ def _src(candidate: str) -> str:
     return candidate.split('SRC = r"""', 1)[1].split('"""', 1)[0]
 
 
+@needs_pyopencl
 def test_a_candidate_cannot_poison_another_candidates_key(tmp_path: Path) -> None:
     cache = tmp_path / "compile-cache"
     attacker = ATTACKER.format(b_src=_src(HONEST), a_src=_src(WRONG_SRC), cache=str(cache))

@@ -26,3 +26,8 @@ def test_what_an_honest_extension_imports_is_not() -> None:
         "memcpy",
     ]
     assert offending_symbols(honest) == []
+
+
+def test_tritons_own_launcher_stubs_may_look_up_libcuda() -> None:
+    assert offending_symbols(["dlsym", "cuGetProcAddress"], lookups_allowed=True) == []
+    assert offending_symbols(["dlsym", "cublasSgemm_v2"], lookups_allowed=True) == ["cublasSgemm_v2"]
