@@ -7,6 +7,7 @@ launches itself (:attr:`TritonBackend.launch_count`, read by the runner's "launc
 
 from __future__ import annotations
 
+import contextlib
 import os
 from importlib import metadata
 from typing import Any, ClassVar
@@ -75,6 +76,25 @@ class _LaunchCounter:
         cls.installed.add(mode)
 
 
+def _follow_home() -> None:
+    """Point Triton's cache, dump and override folders at the current ``$HOME``.
+
+    A sandboxed runner's ``$HOME`` is its scratch folder, but Triton read its home when the fork server
+    imported it (``/root``, read-only in the sandbox): every compiled candidate failed on the H200 with
+    ``OSError: Read-only file system: '/root'``.
+    """
+    home = os.environ.get("HOME")
+    if not home:
+        return
+    os.environ["TRITON_HOME"] = home
+    import triton
+
+    cache = getattr(getattr(triton, "knobs", None), "cache", None)
+    if cache is not None:
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            cache.home_dir = home
+
+
 class TritonBackend(Backend):
     """``@triton.jit`` kernels: compiled on a GPU, or run by Triton's interpreter on CPU tensors."""
 
@@ -90,6 +110,7 @@ class TritonBackend(Backend):
             os.environ["TRITON_INTERPRET"] = "1"
         else:
             os.environ.pop("TRITON_INTERPRET", None)
+            _follow_home()
 
     def _interpret(self) -> bool:
         mode = self.options.mode
