@@ -30,3 +30,14 @@ def test_ruff_format_changes_nothing() -> None:
 def test_mypy_finds_nothing_in_the_package() -> None:
     done = _run("mypy")
     assert done.returncode == 0 and "Success" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_no_core_module_is_over_400_lines() -> None:
+    """Issue 15's rule: the core stays in small modules (a module that grows past it gets split)."""
+    core = Path(__file__).resolve().parent.parent / "kfoundry" / "core"
+    long = {
+        str(p.relative_to(core)): n
+        for p in core.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long

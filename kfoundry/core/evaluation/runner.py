@@ -22,10 +22,9 @@ process's memory and keeps its own clock.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -34,21 +33,15 @@ from kfoundry.core.backend import Backend, CompileFailed, KernelModule
 from kfoundry.core.errors import KfError
 from kfoundry.core.evaluation import audit_guard
 from kfoundry.core.evaluation.arena import RunnerArena
-from kfoundry.core.evaluation.channel import Channel, ChannelClosed
-from kfoundry.core.evaluation.compile_service import RemoteCompiler, runner_compile_info
+from kfoundry.core.evaluation.channel import Channel
 from kfoundry.core.evaluation.device_share import RunnerShares
 from kfoundry.core.evaluation.guard import ForwardGuard
 from kfoundry.core.evaluation.jobs import EvalJob
 from kfoundry.core.evaluation.runner_calls import (
-    _calibration_call,
-    _device_timer,
     _ipc_usable,
-    _timer_overhead_ms,
-    _trusted_forward,
-    cap_threads,
     describe,
 )
-from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list, load_problem
+from kfoundry.core.problem import CandidateBuildError, Problem, as_tensor_list
 
 
 class _Recorder:
@@ -209,9 +202,9 @@ class Runner:
             shares = self._share(self.outputs)
             marks.append(time.perf_counter())
         except KfError as exc:
-            return _refused_or({"error": str(exc), "kind": "runtime_error"})
+            return refused_or({"error": str(exc), "kind": "runtime_error"})
         except Exception as exc:
-            return _refused_or(
+            return refused_or(
                 {
                     "error": f"{type(exc).__name__}: {exc}",
                     "kind": "runtime_error",
@@ -314,7 +307,7 @@ class Runner:
             self.chan.send(reply)
 
 
-def _refused_or(reply: dict[str, Any]) -> dict[str, Any]:
+def refused_or(reply: dict[str, Any]) -> dict[str, Any]:
     """A failed reply becomes ``rejected`` when the audit hook refused something (the runner can only
     incriminate itself: a candidate that hides an offence still did not get what it asked for)."""
     refused = audit_guard.offences()
@@ -335,96 +328,3 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when the judge dies (first line; the judge's supervisor also kills it)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
-    """Entry of the forked runner process: never returns."""
-    from kfoundry.core.evaluation import confine
-
-    status = 0
-    try:
-        _die_with_parent()
-        setup = chan.recv()
-        variants: list[dict[str, Any]] = setup["variants"]
-        problems = [load_problem(job.problem_path, shapes) for shapes in variants]
-        readable = tuple(sorted({str(p.path.resolve()) for p in problems} | set(setup.get("readable", []))))
-        ev = job.evaluation
-        plan = confine.ConfinementPlan(
-            scratch_mb=ev.scratch_mb,
-            readable=readable,
-            keep_fds=(chan.fileno(),),
-            memory_mb=None if job.on_gpu or job.backend == "cuda" else ev.memory_limit_mb,
-            max_processes=ev.max_processes,
-            uid=int(setup["uid"]) if isinstance(setup.get("uid"), int) else None,
-        )
-        report = confine.confine(plan)
-        _die_with_parent()  # again: changing credentials clears the parent-death signal
-        # after confinement: runtimes read their cache and temp dirs from the (now sandboxed) environment
-        if job.threads:
-            cap_threads(job.threads)
-        backend = build_backend(job)
-        runtime.set_backend(backend)
-        timer = _device_timer(backend)
-        forward = None
-        if timer is not None:
-            with contextlib.suppress(Exception):  # no trusted forward: the empty call calibrates
-                forward = _trusted_forward(backend, problems[0])
-        chan.send(
-            {
-                "op": "ready",
-                "torch_device": backend.torch_device,
-                "in_force": report.in_force,
-                "notes": report.notes,
-                "timer_overhead_ms": _timer_overhead_ms(timer, forward),
-                "ipc": _ipc_usable(backend),
-                "compile": runner_compile_info(backend),
-            }
-        )
-        calibration: Runner | None = None
-        while True:  # the judge measures what an exchange costs while nothing untrusted runs here
-            message = chan.recv()
-            if message.get("op") != "calibrate":
-                break
-            calls = int(message.get("calls") or 0)
-            if calls and forward is not None:
-                # the real call path (guard, timer, outputs described and shared) on the trusted forward
-                if calibration is None:
-                    calibration = Runner(chan, job, problems, backend, timer)
-                    calibration.models, calibration.slots = [forward], [[]]
-                chan.send(calibration.call(0, [0] * calls, device_timing=True))
-            else:
-                chan.send(_calibration_call(timer, backend))
-        # -- from here on, candidate code runs ----------------------------------------------------
-        remote = RemoteCompiler(chan, backend) if message.get("compile_service") is True else None
-        if remote is not None:  # kernels compiled by the judge's confined compile step (and its cache)
-            backend.load = remote  # type: ignore[method-assign]
-        runner = Runner(chan, job, problems, backend, timer)
-        if job.kind == "evaluate":
-            audit_guard.arm()  # no way back: the hook stays for the runner's life
-        built = runner.build()
-        if remote is not None:
-            remote.active = False
-        chan.send(_refused_or(built))
-        runner.serve()
-    except ChannelClosed:
-        status = 3
-    except BaseException as exc:  # the runner must always answer or die
-        with contextlib.suppress(Exception):
-            chan.send(
-                {
-                    "error": f"runner: {type(exc).__name__}: {exc}",
-                    "kind": "runtime_error",
-                    "log": traceback.format_exc()[-4000:],
-                }
-            )
-        status = 4
-    os._exit(status)

@@ -133,7 +133,7 @@ class RunnerHandle:
 
 
 def fork_runner(job: EvalJob, deadline: float) -> RunnerHandle:
-    from kfoundry.core.evaluation.runner import runner_main
+    from kfoundry.core.evaluation.runner_entry import runner_main
 
     own_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
     separate = confine.new_pid_namespace()
