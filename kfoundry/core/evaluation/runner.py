@@ -35,7 +35,7 @@ from kfoundry.core.evaluation import audit_guard
 from kfoundry.core.evaluation.arena import RunnerArena
 from kfoundry.core.evaluation.channel import Channel
 from kfoundry.core.evaluation.device_share import RunnerShares
-from kfoundry.core.evaluation.guard import ForwardGuard
+from kfoundry.core.evaluation.guard import LAUNCH_CODES, ForwardGuard
 from kfoundry.core.evaluation.jobs import EvalJob
 from kfoundry.core.evaluation.runner_calls import (
     _ipc_usable,
@@ -74,6 +74,9 @@ class _Recorder:
             return launch(*args, **kwargs)
 
         return counted
+
+
+LAUNCH_CODES.add(_Recorder._counting(_Recorder.__new__(_Recorder), None).__code__)
 
 
 def own_launches(backend: Backend) -> int:
