@@ -5,14 +5,21 @@ never overlap each other."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from eval_helpers import EXAMPLES, fast_config
 
 from kfoundry.core.evaluation import EvalJob
+from kfoundry.core.evaluation.compile_lane import DeviceLane
 from kfoundry.core.evaluation.jobs import device_lane, lane_lock_path
 from kfoundry.core.models import Candidate, Outcome
 from kfoundry.plugins.executors.local import LocalExecutor, LocalOptions
+
+needs_pyopencl = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("pyopencl") is None,
+    reason="pyopencl is not installed (the jobs run on PoCL)",
+)
 
 
 def test_one_lane_per_physical_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,3 +76,89 @@ def test_local_executor_spreads_jobs_over_devices_one_lane_each() -> None:
     assert [j.device for j in spread_jobs] == [0, 1, 2, 3, 0]
     assert len({lane_lock_path(j) for j in spread_jobs}) == 4
     assert spread(jobs, []) == jobs
+
+
+#: The honest kernel built lazily on the first call (as the offline generator's recipes do, per shape).
+LAZY = (
+    (EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py")
+    .read_text()
+    .replace("        self.k = load(SRC, defines=PARAMS)\n", "        self.k = {}\n")
+    .replace(
+        "        c = torch.empty_like(a)\n",
+        "        if a.numel() not in self.k:\n"
+        "            self.k[a.numel()] = load(SRC, defines={**PARAMS, 'N_AT': a.numel()})\n"
+        "        c = torch.empty_like(a)\n",
+    )
+    .replace("self.k.vector_add(", "self.k[a.numel()].vector_add(")
+)
+
+
+def _held(result: Any) -> list[tuple[float, float]]:
+    """The intervals a job held its lane: ``device`` less its ``lane_released_<i>`` intervals."""
+    start, end = result.phase_times["device"]
+    gaps = sorted(v for k, v in result.phase_times.items() if k.startswith("lane_released_"))
+    held, at = [], start
+    for a, b in gaps:
+        held.append((at, a))
+        at = b
+    return [*held, (at, end)]
+
+
+@needs_pyopencl
+def test_loads_inside_forward_compile_in_the_service_with_the_lane_given_up(tmp_path: Path) -> None:
+    config = fast_config(trials=2)
+    jobs = [
+        EvalJob(
+            problem_path=str(EXAMPLES / "kernelbench" / "vector_add.py"),
+            shapes={"N": 1024},
+            candidate=Candidate(source=LAZY.replace("load(SRC", f"load('// {i}\\n' + SRC")),
+            evaluation=config.evaluation,
+            backend_plugin="opencl",
+            lock_path=str(tmp_path / "bench.lock"),
+            compile_cache_dir=str(tmp_path / "cache"),
+        )
+        for i in range(2)
+    ]
+    results = LocalExecutor(LocalOptions(workers=2)).run(jobs)
+    assert all(r.outcome is Outcome.correct for r in results), [r.message for r in results]
+    for r in results:
+        # every shape set's program was a load inside forward: all compiled by the judge, none cached,
+        # each with the lane released for the compile (the correctness trials)
+        assert r.compiles and all(not c["cached"] and c["lane_released_s"] > 0 for c in r.compiles), (
+            r.compiles
+        )
+        assert sum(k.startswith("lane_released_") for k in r.phase_times) == len(r.compiles)
+    for a in _held(results[0]):
+        for b in _held(results[1]):
+            assert not (a[0] < b[1] and b[0] < a[1]), (a, b)  # held lanes never overlap
+    again = LocalExecutor().run(jobs[:1])[0]  # the same candidate again: its forward's loads are cached
+    assert again.outcome is Outcome.correct and again.compiles
+    assert all(c["cached"] and "lane_released_s" not in c for c in again.compiles), again.compiles
+    assert not any(k.startswith("lane_released_") for k in again.phase_times)
+
+
+def test_the_lane_is_given_up_for_a_compile_except_while_timing(tmp_path: Path) -> None:
+    import fcntl
+
+    path = str(tmp_path / "lane.lock")
+
+    def free() -> bool:
+        with open(path, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return True
+
+    with DeviceLane(path) as lane:
+        assert lane.held and not free()
+        with lane.released_for_compile() as released:
+            assert released and free()
+        assert not free() and len(lane.released) == 1
+        lane.releasable = False  # timing: the compile stays inside the lane
+        with lane.released_for_compile() as released:
+            assert not released and not free()
+    assert free() and list(lane.phase_times()) == ["lane_released_0"]
+    with DeviceLane(None) as nothing, nothing.released_for_compile() as released:
+        assert not released

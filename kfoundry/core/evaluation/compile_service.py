@@ -1,7 +1,7 @@
 """Compile separated from the benchmark: the runner asks, a confined compile step compiles, the judge caches.
 
-While the runner builds ``ModelNew`` (the ``build`` exchange), each ``kfoundry.runtime.load(SRC,
-defines=...)`` becomes a ``{"op": "compile", source, defines, build_options}`` request to the judge
+Whenever the runner's candidate code runs (building ``ModelNew``, and inside ``forward`` during the
+correctness trials and timing), each ``kfoundry.runtime.load(SRC, defines=...)`` becomes a ``{"op": "compile", source, defines, build_options}`` request to the judge
 (:class:`RemoteCompiler`, runner side). The judge (:meth:`CompileService.handle`, trusted) computes the
 key from exactly those inputs plus the backend's options, toolchain and target (reported by the runner
 before any candidate code ran), looks it up in the run's :class:`~.compile_cache.CompileCache`, and on
@@ -10,7 +10,10 @@ empty root with a scratch tmpfs, ``nobody``, rlimits; :func:`compile_confined`) 
 artefact goes back to the runner in a sealed memfd and the runner loads it
 (``clCreateProgramWithBinary`` / ``cuModuleLoadData`` / a HIP code object): the runner never writes
 the cache and nothing it says about an artefact is used. A compile error is the candidate's
-``compile_error`` with the compiler's log, as before.
+``compile_error`` with the compiler's log, as before. A request arrives in place of a reply
+(:attr:`~.runner_handle.RunnerHandle.on_request`); the judge freezes the runner while it answers, and a
+cache miss while the job holds the device's lane releases the lane for the compile
+(:class:`~.compile_lane.DeviceLane`; not during timing).
 
 Backends take part by having ``compile_artifact(source, *, defines, build_options, target, device)``
 (bytes and a JSON-able meta; no device context needed for CUDA or HIP) and ``load_artifact(data, meta,
@@ -31,9 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kfoundry.core.backend import Backend, CompileFailed, KernelModule
-from kfoundry.core.evaluation.channel import Channel
+from kfoundry.core.evaluation.channel import Channel, ChannelClosed
 from kfoundry.core.evaluation.compile_cache import Artifact, CompileCache, compile_key
+from kfoundry.core.evaluation.compile_lane import DeviceLane
 from kfoundry.core.evaluation.jobs import EvalJob
+from kfoundry.core.evaluation.runner_handle import JobFailed
 
 #: Largest source, define count and artefact a compile request may involve.
 MAX_SOURCE = 1 << 20
@@ -192,6 +197,8 @@ class CompileService:
     records: list[dict[str, Any]] = field(default_factory=list)
     #: the job's deadline (``time.monotonic``): no compile runs past it
     deadline: float = float("inf")
+    #: the job's device lane once it holds it: released for a cache-miss compile where it may be
+    lane: DeviceLane | None = None
 
     @classmethod
     def for_job(cls, job: EvalJob, info: Any) -> CompileService | None:
@@ -228,13 +235,21 @@ class CompileService:
         started = time.perf_counter()
         artifact = self.cache.get(key) if self.cache is not None else None
         cached = artifact is not None
+        released = 0.0
         if artifact is None:
+            lane = self.lane if self.lane is not None else DeviceLane(None)
             try:
-                left = max(1.0, self.deadline - time.monotonic())
-                timeout = min(self.job.evaluation.compile_timeout_s, left)
-                artifact = compile_confined(self.job, inputs, self.target, timeout)
+                with lane.released_for_compile() as was_released:
+                    gave_up = time.perf_counter()
+                    left = max(1.0, self.deadline - time.monotonic())
+                    timeout = min(self.job.evaluation.compile_timeout_s, left)
+                    try:
+                        artifact = compile_confined(self.job, inputs, self.target, timeout)
+                    finally:
+                        released = time.perf_counter() - gave_up if was_released else 0.0
             except CompileFailed as exc:
-                self.records.append({"key": key[:16], "cached": False, "error": str(exc)[:200]})
+                failed = {"key": key[:16], "cached": False, "error": str(exc)[:200]}
+                self.records.append({**failed, **self._lane_note(lane, released)})
                 return {"error": str(exc), "log": exc.log[-20000:], "kind": "compile_error"}, []
             if self.cache is not None:
                 with contextlib.suppress(OSError):
@@ -246,11 +261,21 @@ class CompileService:
             "cached": cached,
             "seconds": round(seconds, 4),
             "kernels": [str(k) for k in kernels][:64] if isinstance(kernels, list) else [],
+            **self._lane_note(self.lane, released),
         }
         if unconfined and not cached:  # protections the compile step lacked (as a runner's are logged)
             record["unconfined"] = [str(u) for u in unconfined][:16]
         self.records.append(record)
         return {"ok": True, "cached": cached}, [_sealed_memfd(pack(artifact))]
+
+    @staticmethod
+    def _lane_note(lane: DeviceLane | None, released: float) -> dict[str, Any]:
+        """Where the compile ran relative to the lane: ``lane_released_s``, or ``in_lane`` (timing)."""
+        if released:
+            return {"lane_released_s": round(released, 4)}
+        if lane is not None and lane.held:
+            return {"in_lane": True}
+        return {}
 
     def summary(self) -> str:
         hits = sum(1 for r in self.records if r.get("cached"))
@@ -267,35 +292,53 @@ class CompileService:
 
 
 def build_with_service(runner: Any, service: CompileService | None) -> dict[str, Any]:
-    """The ``build`` exchange, answering the runner's compile requests on the way; its final answer."""
+    """The ``build`` exchange; from here on the runner's compile requests, in the build and in every
+    later call, are answered by ``service`` (:func:`serve_request`). Returns the build's answer."""
     if service is not None:
         service.deadline = runner.deadline
+        runner.on_request = lambda request: serve_request(runner, service, request)
     runner.thaw()
-    runner.chan.send({"op": "build", "compile_service": service is not None})
-    while True:
-        reply: dict[str, Any] = runner.receive()
-        if reply.get("op") != "compile" or service is None:
-            runner.freeze()
-            return reply
-        answer, fds = service.handle(reply)
-        try:
-            runner.chan.send(answer, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
+    try:
+        runner.chan.send({"op": "build", "compile_service": service is not None})
+    except ChannelClosed:
+        raise JobFailed(runner.crashed()) from None
+    reply: dict[str, Any] = runner.receive()
+    runner.freeze()
+    return reply
+
+
+def serve_request(runner: Any, service: CompileService, request: dict[str, Any]) -> None:
+    """Answer one compile request (it came in place of a reply): the runner is frozen meanwhile, so
+    none of its code runs while the judge compiles (and, in the correctness trials, holds no lane)."""
+    was_frozen = runner.frozen
+    runner.freeze()
+    try:
+        answer, fds = service.handle(request)
+    finally:
+        if not was_frozen:
+            runner.thaw()
+    try:
+        runner.chan.send(answer, fds)
+    except ChannelClosed:
+        pass  # the runner is gone: the next receive says so
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # -- the runner's side ------------------------------------------------------------------------------
 
 
 class RemoteCompiler:
-    """The runner's ``backend.load`` during the build: compiles through the judge, loads the artefact."""
+    """The runner's ``backend.load`` (in the build and inside calls): compiles through the judge, loads
+    the artefact. It synchronizes the device before it asks, so the judge may give the lane up."""
 
     def __init__(self, chan: Channel, backend: Backend) -> None:
         self.chan = chan
         self.backend = backend
         self.local = backend.load
         self.active = True
+        self.requests = 0
 
     def __call__(
         self,
@@ -304,8 +347,10 @@ class RemoteCompiler:
         defines: dict[str, Any] | None = None,
         build_options: list[str] | None = None,
     ) -> KernelModule:
-        if not self.active:  # after the build (a load inside a call): compiled here, as before
+        if not self.active:
             return self.local(source, defines=defines, build_options=build_options)
+        self.backend.synchronize()  # no device work of this job left queued while the lane is given up
+        self.requests += 1
         self.chan.send(
             {"op": "compile", "source": source, "defines": defines, "build_options": build_options}
         )

@@ -64,10 +64,12 @@ class JobResult(BaseModel):
     #: by the judge's clocks) or ``judge`` (the judge's own clock: events missing or not confirmed).
     clock: Literal["events", "judge"] | None = None
     #: Wall-clock (epoch seconds) start and end of the job's phases: ``build`` (runner start and the
-    #: candidate's build, outside the device lane) and ``device`` (correctness and timing, in the lane).
+    #: candidate's build, outside the device lane), ``device`` (correctness and timing, in the lane) and
+    #: ``lane_released_<i>`` (inside ``device``: the lane given up while the judge compiled a program).
     phase_times: dict[str, tuple[float, float]] = Field(default_factory=dict)
     #: The kernels' programs the compile service handled: key prefix, kernels, ``cached`` (served from
-    #: the compile cache) or compiled, seconds (empty where the candidate's process compiled them itself).
+    #: the compile cache) or compiled, seconds (empty where the candidate's process compiled them itself);
+    #: ``lane_released_s`` where the lane was given up for the compile, ``in_lane`` where it was kept.
     compiles: list[dict[str, Any]] = Field(default_factory=list)
 
 

@@ -100,9 +100,7 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
         runner = Runner(chan, job, problems, backend, timer)
         if job.kind == "evaluate":
             audit_guard.arm()  # no way back: the hook stays for the runner's life
-        built = runner.build()
-        if remote is not None:
-            remote.active = False
+        built = runner.build()  # loads inside later calls go through the judge too (``remote``)
         chan.send(refused_or(built))
         runner.serve()
     except ChannelClosed:

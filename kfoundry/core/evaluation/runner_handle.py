@@ -49,11 +49,20 @@ class RunnerHandle:
         self.status: int | None = None
         self.frozen = False
         self._frozen_members: list[int] = [pid]
+        #: answers a request (``op: compile``) the runner sends in place of a reply (the compile service)
+        self.on_request: Callable[[dict[str, Any]], None] | None = None
 
     def _left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
     def receive(self) -> dict[str, Any]:
+        reply = self._receive()
+        while self.on_request is not None and reply.get("op") == "compile":
+            self.on_request(reply)
+            reply = self._receive()
+        return reply
+
+    def _receive(self) -> dict[str, Any]:
         try:
             return self.chan.recv(timeout=self._left())
         except ChannelTimeout:

@@ -44,6 +44,7 @@ from kfoundry.core.evaluation.clocking import (
     calibrate_calls,
     time_candidate,
 )
+from kfoundry.core.evaluation.compile_lane import DeviceLane
 from kfoundry.core.evaluation.compile_service import CompileService, build_with_service
 from kfoundry.core.evaluation.correctness import (
     run_correctness,
@@ -54,7 +55,7 @@ from kfoundry.core.evaluation.judge import (
     Judge,
     Variant,
 )
-from kfoundry.core.evaluation.runner_handle import JobFailed, RunnerHandle, device_lock, fork_runner
+from kfoundry.core.evaluation.runner_handle import JobFailed, RunnerHandle, fork_runner
 from kfoundry.core.evaluation.timer import _clock_ns
 from kfoundry.core.evaluation.trials import TrialPlan, plan_trials
 from kfoundry.core.models import Outcome
@@ -193,13 +194,15 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
 
 
 @contextlib.contextmanager
-def _lane(phase_times: dict[str, tuple[float, float]]) -> Iterator[None]:
-    """Record when the job held its device's lane (``phase_times["device"]``)."""
+def _lane(phase_times: dict[str, tuple[float, float]], lane: DeviceLane) -> Iterator[None]:
+    """Record when the job held its device's lane (``phase_times["device"]``, less the
+    ``lane_released_<i>`` intervals it gave the lane up for a compile)."""
     entered = time.time()
     try:
         yield
     finally:
         phase_times["device"] = (entered, time.time())
+        phase_times.update(lane.phase_times())
 
 
 def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
@@ -233,9 +236,13 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         compile_s = float(built.get("compile_s") or 0.0)
         judge.phase("start and build")
         phase_times["build"] = (started, time.time())
-        with device_lock(lane_lock_path(job)), _lane(phase_times):  # the device's lane: check and time
+        lane = DeviceLane(lane_lock_path(job))
+        if services and services[0] is not None:
+            services[0].lane = lane  # a cache-miss compile in the correctness trials gives the lane up
+        with lane, _lane(phase_times, lane):  # the device's lane: check and time
             judge.phase("waiting for the device")
             if job.kind == "reference":
+                lane.releasable = False
                 timing, calls, _ = time_candidate(judge, verify=False)
                 judge.phase("timing")
                 result = JobResult(outcome=Outcome.correct, message="reference timed", timing=timing)
@@ -243,6 +250,7 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
                 summary = run_correctness(judge, plan)
                 judge.check_native("after the correctness trials")
                 judge.phase("correctness")
+                lane.releasable = False  # timing: a compile stays inside the lane, on the candidate's clock
                 timing, calls, verified = time_candidate(judge, verify=True)
                 judge.check_native("after timing")
                 judge.phase("timing")
