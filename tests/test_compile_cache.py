@@ -173,3 +173,48 @@ def test_cuda_compiles_to_a_cubin_without_a_gpu_in_the_confined_step() -> None:
     with pytest.raises(CompileFailed) as failed:
         compile_confined(job, {"source": source.replace("*=", "*=="), "defines": {"K": 2}}, "9.0", 60.0)
     assert "error" in failed.value.log.lower()
+
+
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and __import__("importlib").util.find_spec("cuda") is None,
+    reason="no CUDA compiler",
+)
+def test_a_cache_miss_gives_the_lane_up_except_in_timing(tmp_path: Path) -> None:
+    import fcntl
+
+    from kfoundry.core.evaluation.compile_lane import DeviceLane
+    from kfoundry.core.evaluation.compile_service import CompileService
+
+    job = EvalJob(problem_path=PROBLEM, backend="cuda", backend_plugin="cuda", on_gpu=True)
+    lane_path = str(tmp_path / "lane.lock")
+    seen_free: list[bool] = []
+    real = compile_confined
+
+    def watched(*args: Any) -> Any:  # is the lane free while the judge compiles?
+        with open(lane_path, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(other, fcntl.LOCK_UN)
+                seen_free.append(True)
+            except BlockingIOError:
+                seen_free.append(False)
+        return real(*args)
+
+    source = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= K; }'
+    with DeviceLane(lane_path) as lane, pytest.MonkeyPatch.context() as patch:
+        patch.setattr("kfoundry.core.evaluation.compile_service.compile_confined", watched)
+        service = CompileService(
+            job, "toolchain", "9.0", CompileCache(tmp_path / "cache", 1 << 24), lane=lane
+        )
+        answer, fds = service.handle({"source": source, "defines": {"K": 2.0}})
+        assert answer["ok"] is True and fds
+        lane.releasable = False  # timing
+        answer, more = service.handle({"source": source, "defines": {"K": 3.0}})
+        cached, last = service.handle({"source": source, "defines": {"K": 2.0}})
+        for fd in fds + more + last:
+            __import__("os").close(fd)
+    assert seen_free == [True, False]  # released for the first compile, kept for the timing one
+    first, second, third = service.records
+    assert first["lane_released_s"] > 0 and not first["cached"]
+    assert second.get("in_lane") is True and "lane_released_s" not in second
+    assert cached["cached"] is True and third["cached"] and len(lane.released) == 1
