@@ -8,12 +8,20 @@ recipe, and its share of the roofline (bytes over measured copy bandwidth or FLO
     python benchmarks/kernelbench.py --backend cuda                 # the H200, problems' own sizes
     python benchmarks/kernelbench.py --backend opencl --small       # PoCL, tests/data small shapes
     python benchmarks/kernelbench.py --backend opencl --small -k conv --level level2
+    python benchmarks/kernelbench.py --backend cuda -k conv2d_square --sweep CM,CN   # the top recipe's tiles
+    python benchmarks/kernelbench.py --backend cuda --breadth       # correctness only, every problem
+
+``--sweep A,B`` also times the top-ranked recipe that has parameters A and B at every combination of
+their values (the row shows the best, named ``recipe[A=..,B=..]``). ``--breadth`` checks correctness
+only: the recipes from the highest rank down until the first that matches eager, one run each, no timing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import itertools
 import json
 import math
 import statistics
@@ -123,8 +131,10 @@ def _run_recipe(
     timer: Callable[[Callable[[], Any], int], float],
     budget_s: float,
     load: Any,
+    timed: bool = True,
 ) -> tuple[float | None, float]:
-    """(median ms, 0) of ``recipe`` at its defaults if it matches the eager output, else (None, max error)."""
+    """(median ms, 0) of ``recipe`` at its defaults if it matches the eager output, else (None, max error);
+    not ``timed``: (0, 0) where it matches."""
     from kfoundry.runtime import synchronize
 
     namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
@@ -140,7 +150,69 @@ def _run_recipe(
         if not ok:
             err = (got.float() - expected.float()).abs().max().item() if got.shape == expected.shape else -1.0
             return None, err
+        if not timed:
+            return 0.0, 0.0
         return _time(functools.partial(model, *inputs), timer, budget_s), 0.0
+
+
+def _sweep(
+    recipe: Any,
+    names: list[str],
+    problem: Any,
+    inputs: list[Any],
+    expected: torch.Tensor,
+    device: torch.device,
+    timer: Callable[[Callable[[], Any], int], float],
+    budget_s: float,
+    load: Any,
+) -> dict[str, float]:
+    """ms of ``recipe`` at every other combination of its parameters ``names`` that is correct."""
+    out: dict[str, float] = {}
+    for combo in itertools.product(*(recipe.space.params[n] for n in names)):
+        values = dict(zip(names, combo, strict=True))
+        if all(recipe.defaults[n] == v for n, v in values.items()):
+            continue
+        tag = f"{recipe.name}[{','.join(f'{n}={v}' for n, v in values.items())}]"
+        variant = dataclasses.replace(recipe, defaults={**recipe.defaults, **values})
+        try:
+            ms, _ = _run_recipe(variant, problem, inputs, expected, device, timer, budget_s, load)
+        except Exception as exc:  # noqa: BLE001 - a combination that fails to build loses only itself
+            print(f"  # {tag}: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
+            continue
+        if ms is not None:
+            out[tag] = ms
+    return out
+
+
+def _breadth(
+    row: dict[str, Any],
+    recipes: list[Any],
+    problem: Any,
+    inputs: list[Any],
+    expected: torch.Tensor,
+    device: torch.device,
+    timer: Callable[[Callable[[], Any], int], float],
+    load: Any,
+) -> bool:
+    """Set ``row['recipe']`` to the highest-ranked recipe that matches eager (one run each), and print it;
+    False where a recipe's fault left the device unusable."""
+    for recipe in sorted(recipes, key=lambda r: -r.rank):
+        try:
+            ms, err = _run_recipe(recipe, problem, inputs, expected, device, timer, 0.0, load, timed=False)
+        except Exception as exc:  # noqa: BLE001 - a recipe that fails to build or launch loses only itself
+            row.setdefault("failed", []).append(f"{recipe.name} ({type(exc).__name__}: {str(exc)[:80]})")
+            if not _device_usable(device):
+                row["error"] = f"GPU fault in {recipe.name}"
+                print(f"| {row['problem']} | {row['error']}{_notes(row)} | | | | | |", flush=True)
+                return False
+            continue
+        if ms is None:
+            row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
+            continue
+        row["recipe"] = recipe.name
+        break
+    print(f"| {row['problem']} | {row.get('recipe', 'none correct')}{_notes(row)} | | | | | |", flush=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=0.3, help="timing budget per measurement")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument(
+        "--sweep", default="", help="A,B: time the top recipe at every value of its parameters A, B"
+    )
+    ap.add_argument(
+        "--breadth", action="store_true", help="correctness only: highest rank down, first correct"
+    )
     ap.add_argument(
         "--resume", type=Path, help=argparse.SUPPRESS
     )  # state of a run restarted after a GPU fault
@@ -194,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 expected = ref(*inputs)
             recipes = gen.recipes(problem.summary(), lang)
+            if args.breadth:
+                if not _breadth(row, recipes, problem, inputs, expected, device, timer, load):
+                    _restart(argv, [*rows, row], bw, peak)
+                rows.append(row)
+                continue
             eager = _time(functools.partial(ref, *inputs), timer, args.budget_s)
             compiled_ms = math.nan
             if not args.no_compile:
@@ -221,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
                     row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
                 else:
                     times[recipe.name] = ms
+            sweep = [n for n in args.sweep.split(",") if n]
+            top = [r for r in recipes if sweep and all(n in r.defaults for n in sweep)]
+            if top:
+                best_r = max(top, key=lambda r: r.rank)
+                times.update(
+                    _sweep(best_r, sweep, problem, inputs, expected, device, timer, args.budget_s, load)
+                )
             if not times:
                 raise RuntimeError(f"no recipe was correct{_notes(row)}")
             best = min(times, key=lambda n: times[n])
@@ -245,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
             print(f"| {key} | {row['error']} | | | | | |", flush=True)
         rows.append(row)
+    if args.breadth:
+        ok = [r for r in rows if "recipe" in r]
+        print(f"\n{len(ok)}/{len(rows)} problems with a correct kernel (correctness only)")
+        return 0
     good = [r for r in rows if "ms" in r]
     if good:
         geo = lambda k: math.exp(statistics.fmean(math.log(r[k]) for r in good if r[k] == r[k] and r[k] > 0))  # noqa: E731

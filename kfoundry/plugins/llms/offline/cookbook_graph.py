@@ -13,17 +13,11 @@ from kfoundry.plugins.llms.offline.recognize import OpSpec
 _BLOCKS = {"opencl": ([16, 32, 64, 128, 256], 64), "cuda": ([64, 128, 256, 512], 256)}
 
 
-def lower(
-    spec: OpSpec, language: str, fuse: bool, coop: bool = False
-) -> tuple[str, str, list[tuple[int, int]]]:
-    """(kernel source, forward body, register-blocked products' (outputs, batch)) of ``spec``'s graph."""
+def lower(spec: OpSpec, language: str, fuse: bool, coop: bool = False) -> tuple[str, str, Lowering]:
+    """(kernel source, forward body, the lowering: its products' and convolutions' sizes) of ``spec``'s graph."""
     low = Lowering(spec.graph, language, fuse, coop)
     sched = low.run(len(spec.input_shapes))
-    return (
-        kernel_source(sched, language, coop),
-        forward_body(sched).replace("self.ref", "self.m0"),
-        low.mm_sizes,
-    )
+    return kernel_source(sched, language, coop), forward_body(sched).replace("self.ref", "self.m0"), low
 
 
 def _register_block(mm_sizes: list[tuple[int, int]]) -> int:
@@ -33,6 +27,16 @@ def _register_block(mm_sizes: list[tuple[int, int]]) -> int:
         if outputs * batch // (16 * rb) ** 2 >= 2 * 132:
             return rb
     return 2
+
+
+def _conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """(CM, CN) of the largest implicit-GEMM convolution: 16CM rows cover its output channels per group
+    (up to 128), and 16CN columns the widest tile that still gives two tiles per SM of an H200."""
+    rows, cols, batch = max(conv_sizes, key=lambda s: s[0] * s[1] * s[2])
+    cm = next((c for c in (1, 2, 4) if 16 * c >= rows), 8)
+    tiles_m = -(-rows // (16 * cm))
+    cn = next((c for c in (8, 4) if tiles_m * -(-cols // (16 * c)) * batch >= 2 * 132), 2)
+    return cm, cn
 
 
 _VARIANTS = {
@@ -57,7 +61,7 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
         blocks, default = [32], 32
     preamble = PY_HELPERS + "\n\n" + init_source(spec.source, dict(spec.dims)) + "\n"
     args = [f"x{i}" for i in range(len(spec.input_shapes))]
-    kernel, forward, mm_sizes = lower(spec, language, fuse, coop)
+    kernel, forward, low = lower(spec, language, fuse, coop)
     params: dict[str, list[ParamValue]] = {"BLOCK": list(blocks)}
     defaults: dict[str, ParamValue] = {"BLOCK": default}
     if "p['TILE']" in forward:  # a tiled matrix product: TILE x TILE work-groups
@@ -65,7 +69,10 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
     if coop:
         params["ILP"], defaults["ILP"] = [1, 2, 4], 4
     if "p['RB']" in forward:  # a register-blocked product: 16RB x 16RB tiles
-        params["RB"], defaults["RB"] = [2, 4, 8], _register_block(mm_sizes)
+        params["RB"], defaults["RB"] = [2, 4, 8], _register_block(low.mm_sizes)
+    if "p['CM']" in forward:  # an implicit-GEMM convolution: 16CM x 16CN tiles
+        params["CM"], params["CN"] = [1, 2, 4, 8], [2, 4, 8]
+        defaults["CM"], defaults["CN"] = _conv_blocks(low.conv_sizes)
     return Recipe(
         name,
         "graph",

@@ -382,6 +382,8 @@ class Lowering:
         self.lanes_used = False
         #: (output elements per matrix, batch) of each register-blocked product (the recipe sizes RB from them)
         self.mm_sizes: list[tuple[int, int]] = []
+        #: (output channels per group, output positions, images x groups) of each implicit-GEMM convolution
+        self.conv_sizes: list[tuple[int, int, int]] = []
         #: node -> Val, PyVal, or a pending (values, indices) pair of torch.max/min (``lower_ops._Pending``)
         self.vals: dict[fx.Node, Any] = {}
         self.syms: dict[str, str] = {}  # python expr -> C name

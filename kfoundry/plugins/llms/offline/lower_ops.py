@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
+from kfoundry.plugins.llms.offline import lower_conv
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
@@ -1283,6 +1284,11 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     G = L.sym(f"{path}.groups")
     ks = w.dims[2:]
     odims = L.shape_dims(f"S{n}", out)
+    rows = int(mod.weight.shape[1]) if transposed else int(mod.weight.shape[0]) // int(mod.groups)
+    if L.fuse and rows >= lower_conv.MIN_ROWS:  # an implicit GEMM (a depthwise one stays direct)
+        return lower_conv.emit_conv_gemm(
+            L, node, x, w, bias, transposed, (st, pd, dl, G), out, f"S{n}", f"{path}.groups", int(mod.groups)
+        )
 
     def body(c: list[str]) -> str:
         nn_, co, oc = c[0], c[1], c[2:]
