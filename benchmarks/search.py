@@ -17,7 +17,10 @@ reference and over the naive seed kernel, archive coverage (share of the grid ho
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +54,9 @@ def run_one(
     fast: bool,
     initial: int,
     descriptors: str = "static",
+    workers: int = 1,
+    wall_s: float | None = None,
+    profile: str = "auto",
 ) -> dict:
     overrides = [
         f"search.name={strategy}",
@@ -61,6 +67,9 @@ def run_one(
         f"backend.name={backend}",
         f"output_dir={out}",
         f"search.options.descriptors={descriptors}",
+        f"executor.options.workers={workers}",
+        *([f"budget.wall_time_s={wall_s}"] if wall_s else []),
+        *([f"search.options.profile={profile}"] if profile != "auto" else []),
     ]
     config = load_config(overrides=overrides + (FAST if fast else []))
     problem = load_problem(problem_path, shapes)
@@ -89,7 +98,46 @@ def run_one(
         "best": best.candidate.label if best else "-",
         "params": best.candidate.params if best else {},
         "wall_s": time.monotonic() - t0,
+        "profiled": _profiled(loop),
     }
+
+
+def _profiled(loop: OptimizeLoop) -> str:
+    """How many correct records got ncu traffic, and the first reason one did not."""
+    records = [c.record for c in loop.strategy.archive if c.record.is_correct]
+    got = sum(1 for r in records if r.descriptors.get("traffic_measured"))
+    why = getattr(loop.space, "profile_warning", None)
+    return f"ncu traffic {got}/{len(records)} elites" + (f" ({why})" if why and not got else "")
+
+
+def profile_check(
+    problem_path: Path, shapes: dict, backend: str, store: Store, out: Path, console: Console
+) -> None:
+    """Profile the naive seed kernel once under ncu in the sandbox; print the metrics or why there are none."""
+    from kfoundry.core.behaviour.traffic import traffic_features
+    from kfoundry.core.evaluation.profile import find_ncu, profile_candidate
+    from kfoundry.core.models import Candidate
+
+    config = load_config(overrides=[f"backend.name={backend}", f"output_dir={out}"])
+    problem = load_problem(problem_path, shapes)
+    evaluator = Evaluator(problem, config, store, "profile-check")
+    seed = find_seed_kernel(problem_path, evaluator.backend.language)
+    if seed is None:
+        console.print("profile check: no seed kernel")
+        return
+    job = evaluator._job("evaluate", Candidate(source=seed.read_text(), language=evaluator.backend.language))
+    console.print(f"profile check: ncu = {find_ncu()}")
+    result = profile_candidate(job)
+    if result.warning:
+        console.print(f"profile check ({result.wall_s:.1f} s): {result.warning}")
+        console.print("ncu's output in the sandbox (tail):\n" + "\n".join(result.detail.splitlines()[-12:]))
+        if os.geteuid() == 0 and find_ncu():
+            trusted_ncu_check(job, problem, console)
+    else:
+        feats = traffic_features(result.metrics, float(problem.flops))
+        shown = {k: f"{v:.4g}" for k, v in feats.items()}
+        console.print(f"profile check ({result.wall_s:.1f} s): {result.launches} launch(es), {shown}")
+    sys.stdout.flush()
 
 
 def _fmt(x: float | None, spec: str = ".2f", suffix: str = "x") -> str:
@@ -104,6 +152,23 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--evaluations", type=int, default=24)
     parser.add_argument("--backend", default="opencl")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="jobs evaluated at once (default: 4 on cuda, 1 elsewhere)"
+    )
+    parser.add_argument(
+        "--wall-s", type=float, default=None, help="wall-clock cap per run (budget.wall_time_s)"
+    )
+    parser.add_argument(
+        "--profile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="the ncu traffic pass of measured runs (search.options.profile)",
+    )
+    parser.add_argument(
+        "--profile-check",
+        action="store_true",
+        help="first profile the naive seed kernel once in the sandbox under ncu and print what came back",
+    )
     parser.add_argument(
         "--descriptors",
         default="static,measured",
@@ -127,6 +192,9 @@ def main() -> None:
     console = Console(width=max(Console().width, 180))
     rows = []
     sets = args.descriptors.split(",")
+    workers = args.workers or (4 if args.backend == "cuda" else 1)
+    if args.profile_check:
+        profile_check(Path(args.problem), shapes, args.backend, store, out, console)
     for seed in range(args.seeds):
         for descriptors in sets:
             for strategy in args.strategies.split(","):
@@ -142,12 +210,16 @@ def main() -> None:
                     not args.full_timing,
                     args.initial,
                     descriptors,
+                    workers,
+                    args.wall_s,
+                    args.profile,
                 )
                 console.print(
                     f"[dim]{descriptors} {strategy} seed {seed}: best {_fmt(row['speedup'])} "
                     f"({row['best']}), coverage {row['coverage']:.1%} ({row['cells']} cells), "
-                    f"{row['wall_s']:.0f} s[/dim]"
+                    f"{row['wall_s']:.0f} s, {row['profiled']}[/dim]"
                 )
+                sys.stdout.flush()
                 rows.append(row)
 
     table = Table(
@@ -204,6 +276,35 @@ def main() -> None:
         )
     console.print(summary)
     console.print(f"runs and the shared store: {out}")
+
+
+def trusted_ncu_check(job: object, problem: object, console: Console) -> None:
+    """The same ncu command as root and unconfined, on the naive seed kernel (the project's own file,
+    never a generated candidate): shows whether the counters work for root and what ncu's CSV looks like."""
+    from kfoundry.core.behaviour.traffic import parse_ncu_csv, traffic_features
+    from kfoundry.core.evaluation.profile import find_ncu, ncu_command
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "job.json"
+        spec.write_text(job.model_dump_json())  # type: ignore[attr-defined]
+        log_file = str(Path(tmp) / "ncu.csv")
+        target = [sys.executable, "-m", "kfoundry.core.evaluation.profile_target", str(spec)]
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            ncu_command(str(find_ncu()), log_file, target), capture_output=True, text=True, timeout=120
+        )
+        text = Path(log_file).read_text() if Path(log_file).exists() else ""
+        console.print(
+            f"trusted ncu check as root, unconfined, seed kernel only: rc {proc.returncode}, "
+            f"{time.monotonic() - t0:.1f} s; CSV head:"
+        )
+        console.print("\n".join(text.splitlines()[:8]) or (proc.stdout + proc.stderr)[-1500:], markup=False)
+        try:
+            metrics, launches = parse_ncu_csv(text)
+            feats = traffic_features(metrics, float(problem.flops))  # type: ignore[attr-defined]
+            console.print(f"parsed: {launches} launch(es), " + str({k: f"{v:.4g}" for k, v in feats.items()}))
+        except ValueError as exc:
+            console.print(f"parse failed: {exc}")
 
 
 if __name__ == "__main__":

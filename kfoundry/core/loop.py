@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kfoundry.core import hooks
-from kfoundry.core.behaviour.run import check_archive, record_descriptors, space_for_run
+from kfoundry.core.behaviour.run import check_archive, placed, record_descriptors, space_for_run
 from kfoundry.core.config import RunConfig, build_plugin, resolved_config
 from kfoundry.core.db import loop as loop_db
 from kfoundry.core.db.loop import Row
@@ -327,6 +327,7 @@ class OptimizeLoop:
         else:
             record = record or self.evaluator.evaluate(row.candidate)
             record.descriptors = record_descriptors(self.space, row.candidate, row.coords, record)
+            row.coords = placed(self.space, row.candidate, row.coords)  # measured traffic may move it
             row.record = record
         loop_db.save_verdict(self.store, self.run_id, row)
         if row.candidate is not None and row.candidate.meta.get("seed") and row.record.is_correct:

@@ -35,6 +35,12 @@ class SearchOptions(BaseModel):
         "(intensity, hierarchy, mix, occupancy from the compiled kernel) or a list of axis names or "
         "{name, edges} tables",
     )
+    profile: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="the ncu traffic pass (achieved DRAM/L2/L1 bytes of each correct candidate, run in the "
+        'sandbox): "auto" runs it when the axes include intensity or hierarchy and the backend is cuda; '
+        "where ncu is missing or refused, one warning line and the static estimates",
+    )
 
     @field_validator("descriptors", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any
 
 from kfoundry.core.archive import Archive
 from kfoundry.core.behaviour.axes import STATIC_AXES, AxisSpec, DescriptorChoice, describe
+from kfoundry.core.behaviour.profiling import profiler_for_run, with_traffic
 from kfoundry.core.behaviour.space import DescriptorSpace, build_space, descriptor_choice
 from kfoundry.core.descriptors import DescriptorExtractor, get_extractor, measured_descriptors
 from kfoundry.core.errors import KfError
@@ -24,7 +25,7 @@ def space_for_run(
     """The descriptor space a run's strategy options choose, for its backend's language and device."""
     backend = getattr(evaluator, "backend", None)
     hip_arch = str(getattr(getattr(backend, "options", None), "arch", "") or "gfx90a")
-    return build_space(
+    space = build_space(
         language,
         descriptor_choice(strategy),
         device=getattr(evaluator, "device", None),
@@ -32,6 +33,8 @@ def space_for_run(
         hip_arch=hip_arch if hip_arch.startswith("gfx") else "gfx90a",
         extractor=extractor,
     )
+    space.profiler = profiler_for_run(strategy, space.axes, evaluator, problem)
+    return space
 
 
 def check_archive(archive: Archive, space: DescriptorSpace) -> None:
@@ -51,13 +54,29 @@ def check_archive(archive: Archive, space: DescriptorSpace) -> None:
 def record_descriptors(
     space: DescriptorSpace, candidate: Candidate, coords: tuple[int, ...] | None, record: EvalRecord
 ) -> dict[str, float]:
-    """What ``EvalRecord.descriptors`` holds: the cell's level per axis, the features, the backend's report."""
+    """What ``EvalRecord.descriptors`` holds: the cell's level per axis, the features, the backend's report.
+
+    With the traffic pass on, a correct record's measured traffic updates the candidate's features
+    first, and the levels are those of its new cell (:func:`placed` gives the loop that cell).
+    """
+    if space.measured:
+        traffic = with_traffic(space.profiler, candidate, record, space.features(candidate))
+        if traffic is not None:
+            space.remember(candidate, traffic)
+            coords = space.cell(candidate)
     levels = {f"level_{name}": float(v) for name, v in zip(space.names, coords or (), strict=False)}
     static = {
         name: float(v) for name, v in zip(space.names, coords or (), strict=False) if name in STATIC_AXES
     }
     feats = space.features(candidate) if space.measured else {}
     return {**feats, **static, **levels, **measured_descriptors(record)}
+
+
+def placed(
+    space: DescriptorSpace, candidate: Candidate, coords: tuple[int, ...] | None
+) -> tuple[int, ...] | None:
+    """The candidate's cell after its evaluation (measured traffic may have moved it), else ``coords``."""
+    return space.cell(candidate) if space.measured and space.profiler is not None else coords
 
 
 class SpaceExtractor(DescriptorExtractor):

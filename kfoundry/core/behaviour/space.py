@@ -49,6 +49,16 @@ class DescriptorSpace:
         self.extractor = extractor
         self.context = context or MeasureContext()
         self._cache: dict[str, dict[str, float]] = {}
+        #: The ncu traffic pass (``profiling.TrafficProfiler``), when the run has it on.
+        self.profiler: Any = None
+
+    @property
+    def profile_warning(self) -> str | None:
+        return getattr(self.profiler, "warning", None)
+
+    def remember(self, candidate: Candidate, features: dict[str, float]) -> None:
+        """Replace ``candidate``'s features (measured traffic arrived after its evaluation)."""
+        self._cache[candidate.content_hash] = dict(features)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -95,6 +95,8 @@ def confine(plan: ConfinementPlan) -> ConfinementReport:
     with _step(rec, "filesystem", "scratch_cap"):
         if _namespaces(rec, was_root):
             scratch = _filesystem(rec, plan)
+    if plan.loopback and rec.in_force.get("network"):
+        _loopback_up(rec)
     if scratch is None:
         scratch = _fallback_scratch(was_root, _uid)
     with _step(rec, "unprivileged", "no_new_privs"):
@@ -154,6 +156,19 @@ def _namespaces(rec: _Recorder, was_root: bool) -> bool:
         rec.fail("scratch_cap", "no mount namespace for the scratch tmpfs")
         return False
     return True
+
+
+def _loopback_up(rec: _Recorder) -> None:
+    """Set ``lo`` up in the (private) network namespace: reachable from this namespace only."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS
+    except OSError as exc:
+        rec.notes.append(f"loopback: {exc.strerror or exc}")
 
 
 def _cap_eff() -> int | None:

@@ -81,6 +81,8 @@ class ConfinementPlan:
     max_file_mb: int = 256
     memory_mb: int | None = None
     cpu_seconds: int | None = None
+    #: Bring the private network namespace's loopback up (a profiler and its target talk over it).
+    loopback: bool = False
 
 
 @dataclass

@@ -1,0 +1,95 @@
+"""The ncu traffic pass as the run uses it: when it is on, and what a correct record's traffic changes.
+
+``search.options.profile`` = ``"auto"`` (the default) turns the pass on when the run's axes include
+``intensity`` or ``hierarchy`` measured and the backend is ``cuda``; ``"on"`` runs it on any backend
+(ncu sees CUDA kernels only: elsewhere it reports none, one warning line); ``"off"`` never runs it. Each correct candidate is
+profiled once (``kfoundry/core/evaluation/profile.py``, in the sandbox); its traffic replaces the
+static estimates of intensity and hierarchy (:func:`.traffic.apply_traffic`) and the candidate's cell
+follows. Where nothing came back, the first reason is logged once, kept as ``warning`` and appended to
+the record's log, and the static estimates stand.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kfoundry.core.behaviour.traffic import apply_traffic, traffic_features
+from kfoundry.core.models import Candidate, EvalRecord
+
+log = logging.getLogger("kfoundry.descriptors")
+
+_TRAFFIC_AXES = ("intensity", "hierarchy")
+
+
+class TrafficProfiler:
+    """Runs the pass for one run's evaluator; remembers each candidate's traffic (or that it has none)."""
+
+    def __init__(self, evaluator: Any, problem_flops: float | None, enabled_on: str) -> None:
+        self.evaluator = evaluator
+        self.problem_flops = problem_flops
+        self.backend = enabled_on
+        self.warning: str | None = None
+        #: Set by a reason that holds for every candidate (ncu missing or refused) or three failures in a row.
+        self.given_up = False
+        self._failures = 0
+        self._done: dict[str, dict[str, float] | None] = {}
+
+    def traffic(self, candidate: Candidate) -> dict[str, float] | None:
+        """The candidate's traffic features, profiled on first use (None when none could be had)."""
+        key = candidate.content_hash
+        if key not in self._done and not self.given_up:
+            self._done[key] = self._profile(candidate)
+        if key not in self._done:
+            return None
+        return self._done[key]
+
+    def _profile(self, candidate: Candidate) -> dict[str, float] | None:
+        from kfoundry.core.evaluation.profile import profile_candidate
+
+        result = profile_candidate(self.evaluator._job("evaluate", candidate))
+        if result.warning or not result.metrics:
+            self._failures += 1
+            self.given_up = result.permanent or self._failures >= 3
+            return self._warn(result.warning or "profile: ncu reported no metrics")
+        self._failures = 0
+        feats = traffic_features(result.metrics, self.problem_flops)
+        feats["profiled_launches"] = float(result.launches)
+        feats["profile_s"] = result.wall_s
+        return feats
+
+    def _warn(self, message: str) -> dict[str, float] | None:
+        if self.warning is None:
+            log.warning(message)
+        self.warning = self.warning or message
+        return None
+
+
+def profiler_for_run(strategy: Any, axes: list[Any], evaluator: Any, problem: Any) -> TrafficProfiler | None:
+    """The run's profiler, or None when ``search.options.profile`` and the axes leave the pass off."""
+    choice = getattr(getattr(strategy, "options", None), "profile", "auto")
+    backend = str(getattr(getattr(evaluator, "backend", None), "name", ""))
+    wanted = any(a.name in _TRAFFIC_AXES and not a.static for a in axes)
+    if choice == "off" or not wanted or not hasattr(evaluator, "_job"):
+        return None
+    if choice == "auto" and backend != "cuda":
+        return None
+    try:
+        flops = float(problem.flops) if problem is not None else None
+    except Exception:
+        flops = None
+    return TrafficProfiler(evaluator, flops, backend)
+
+
+def with_traffic(
+    profiler: TrafficProfiler | None, candidate: Candidate, record: EvalRecord, features: dict[str, float]
+) -> dict[str, float] | None:
+    """``features`` with the candidate's measured traffic (a correct record, a profiler), else None."""
+    if profiler is None or not record.is_correct:
+        return None
+    traffic = profiler.traffic(candidate)
+    if traffic is None:
+        if profiler.warning and profiler.warning not in record.log:
+            record.log = f"{record.log}\n{profiler.warning}".strip()
+        return None
+    return apply_traffic(features, traffic)
