@@ -17,8 +17,10 @@ up) overlap, while correctness and timing take the device's lane one job at a ti
 compile cache; ``warm``: the cache the cold run of the same worker count filled (a fresh store, so no
 evaluation is served from it). The reference's timing and a warm-up job are not counted. Prints one
 table: the generation's wall time, compile seconds summed over the jobs (the compile service's where it
-is on, else the runner's build), seconds the jobs held the device lane (summed, less the time given up
-for compiles), the time given up, candidates per minute, and programs served from the compile cache.
+is on, else the runner's build), seconds the jobs held the device lane (summed: correctness and timing
+less the time given up for compiles, plus the judge's clock calibration on a device), the time given up,
+candidates per minute, programs served from the compile cache, correct candidates, and jobs whose
+calibration ran in the lane (GPU jobs; none on PoCL, where the judge does not calibrate).
 """
 
 from __future__ import annotations
@@ -130,10 +132,12 @@ def generation(
         b - a for r in results for k, (a, b) in r.phase_times.items() if k.startswith("lane_released_")
     ]
     service = sum(float(c.get("seconds") or 0.0) for r in results for c in r.compiles)
+    calibrating = [r.phase_times["calibrate"] for r in results if "calibrate" in r.phase_times]
     return {
         "wall_s": wall,
         "compile_s": service if cache else sum(r.compile_time_s or 0.0 for r in results),
-        "bench_s": sum(lane) - sum(released),
+        "bench_s": sum(lane) - sum(released) + sum(b - a for a, b in calibrating),
+        "calibrated": len(calibrating),
         "released_s": sum(released),
         "per_min": len(cands) / wall * 60,
         "cached": sum(1 for r in results for c in r.compiles if c.get("cached")),
@@ -177,9 +181,9 @@ def main() -> None:
     )
     print(
         "| setting | wall s | compile s (sum) | device lane s (sum) | lane given up s | candidates/min "
-        "| programs from cache | correct |"
+        "| programs from cache | correct | calibrated in lane |"
     )
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory(prefix="kf-genwall-") as tmp:
         # warm-up: the fork server's start and the reference's timing, not counted
         generation(args.backend, Path(tmp) / "warmup", "w.sqlite", 1, [salted(base[0], "warmup")], True)
@@ -195,7 +199,8 @@ def main() -> None:
                 print(
                     f"| {workers} worker(s), {name} | {r['wall_s']:.2f} | {r['compile_s']:.2f} "
                     f"| {r['bench_s']:.2f} | {r['released_s']:.2f} | {r['per_min']:.1f} "
-                    f"| {int(r['cached'])}/{int(r['programs'])} | {int(r['correct'])}/{len(cands)} |",
+                    f"| {int(r['cached'])}/{int(r['programs'])} | {int(r['correct'])}/{len(cands)} "
+                    f"| {int(r['calibrated'])}/{len(cands)} |",
                     flush=True,
                 )
 

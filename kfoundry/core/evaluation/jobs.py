@@ -65,7 +65,8 @@ class JobResult(BaseModel):
     clock: Literal["events", "judge"] | None = None
     #: Wall-clock (epoch seconds) start and end of the job's phases: ``build`` (runner start and the
     #: candidate's build, outside the device lane), ``device`` (correctness and timing, in the lane) and
-    #: ``lane_released_<i>`` (inside ``device``: the lane given up while the judge compiled a program).
+    #: ``lane_released_<i>`` (inside ``device``: the lane given up while the judge compiled a program);
+    #: on a device also ``calibrate`` (inside ``build``: the judge calibrating its clocks, in the lane).
     phase_times: dict[str, tuple[float, float]] = Field(default_factory=dict)
     #: The kernels' programs the compile service handled: key prefix, kernels, ``cached`` (served from
     #: the compile cache) or compiled, seconds (empty where the candidate's process compiled them itself);

@@ -86,10 +86,15 @@ def _variant_label(problem: Problem, base: Problem) -> str:
 
 
 def _start(
-    job: EvalJob, runner: RunnerHandle, plan: TrialPlan, services: list[CompileService | None]
+    job: EvalJob,
+    runner: RunnerHandle,
+    plan: TrialPlan,
+    services: list[CompileService | None],
+    phase_times: dict[str, tuple[float, float]],
 ) -> tuple[Judge, dict[str, Any]]:
-    """Load the problem variants, tell the runner to build (answering its compile requests), wait until
-    it has; the compile service used is appended to ``services``."""
+    """Load the problem variants, calibrate the clocks on a device (in its lane: ``phase_times
+    ["calibrate"]``), tell the runner to build (answering its compile requests), wait until it has; the
+    compile service used is appended to ``services``."""
     problems = [load_problem(job.problem_path, shapes) for shapes in plan.variants]
     # a uid no other live job's runner has (from its host pid), outside the usual user range
     runner.chan.send({"variants": plan.variants, "uid": 3_000_000 + runner.pid % 1_000_000})
@@ -106,10 +111,13 @@ def _start(
     runner.freeze()
     ipc = ready.get("ipc") is True and device.startswith("cuda") and device_share.available()
     probe = device_share.IdleProbe(device) if ipc else None
-    if probe is not None:
-        probe.calibrate()
-    exchange_ms = calibrate(runner, device, probe) if device != "cpu" else None
-    per_call = calibrate_calls(runner, probe) if device != "cpu" else None
+    exchange_ms = per_call = None
+    if device != "cpu":  # in the device's lane: no other job's trials or timing perturb it, nor it them
+        with DeviceLane(lane_lock_path(job)), _lane(phase_times, None, "calibrate"):
+            if probe is not None:
+                probe.calibrate()
+            exchange_ms = calibrate(runner, device, probe)
+            per_call = calibrate_calls(runner, probe)
     service = CompileService.for_job(job, ready.get("compile"))  # ``ready`` came before candidate code
     built = build_with_service(
         runner, service
@@ -194,15 +202,18 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
 
 
 @contextlib.contextmanager
-def _lane(phase_times: dict[str, tuple[float, float]], lane: DeviceLane) -> Iterator[None]:
-    """Record when the job held its device's lane (``phase_times["device"]``, less the
-    ``lane_released_<i>`` intervals it gave the lane up for a compile)."""
+def _lane(
+    phase_times: dict[str, tuple[float, float]], lane: DeviceLane | None, name: str = "device"
+) -> Iterator[None]:
+    """Record when the job held its device's lane (``phase_times[name]``, less the ``lane_released_<i>``
+    intervals it gave the lane up for a compile)."""
     entered = time.time()
     try:
         yield
     finally:
-        phase_times["device"] = (entered, time.time())
-        phase_times.update(lane.phase_times())
+        phase_times[name] = (entered, time.time())
+        if lane is not None:
+            phase_times.update(lane.phase_times())
 
 
 def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
@@ -231,7 +242,7 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
             plan = _limit_variants(plan, job.evaluation.shape_variants)
         except KfError as exc:
             return JobResult(outcome=Outcome.runtime_error, message=f"setup: {exc}")
-        judge, built = _start(job, runner, plan, services)
+        judge, built = _start(job, runner, plan, services, phase_times)
         judge.check_native("after build")
         compile_s = float(built.get("compile_s") or 0.0)
         judge.phase("start and build")
