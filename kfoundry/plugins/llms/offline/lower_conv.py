@@ -70,6 +70,13 @@ def _vec_read(lang: str, dst: str, row: str, start: str, count: str) -> str:
 #endif"""
 
 
+def _ld4(lang: str, src: str) -> str:
+    """``const float4 t4`` read from local memory at ``src`` (16-byte aligned)."""
+    if lang == "opencl":
+        return f"const float4 t4 = vload4(0, &{src});"
+    return f"const float4 t4 = *reinterpret_cast<const float4*>(&{src});"
+
+
 def emit_conv_gemm(
     L: Lowering,
     node: fx.Node,
@@ -97,72 +104,87 @@ def emit_conv_gemm(
         cin_g, cout_g = w.dims[1], f"({cout} / {G})"
     K = f"({cin_g} * {KV})"
     wp = L.ptr(str(w.buffer))
-    # filter element (m, k) of group g
+    xs_flat = _prod(xs)
+    knames = [f"t{d}" for d in range(nd)]
+    # the tap table of a 16-deep step of K: ci, ci's and the taps' input offset, each tap's displacement
+    nf = 2 + nd
+    kd = [f"kt[kbuf][{2 + d}][{{e}}]" for d in range(nd)]
+    invalid = "0x40000000" if transposed else "(-0x40000000)"
+    fill = f"""{{
+            const int e = tid, kq = kfill + e;
+            const int ci = kq / {KV}; const int r = kq - ci * {KV};
+            {_unflat_int("r", ks, knames)}
+            kt[kfb][0][e] = ci;
+            kt[kfb][1][e] = ci * {xs_flat} + {horner([f"{t} * {dl[d]}" for d, t in enumerate(knames)], xs)};
+{"".join(f"            kt[kfb][{2 + d}][e] = {t} * {dl[d]};{chr(10)}" for d, t in enumerate(knames))}\
+            if (kq >= {K}) kt[kfb][2][e] = {invalid};
+        }}"""
+    # filter element (m, ka) of group g (``kbuf``'s table entry ``tx`` describes ka = k0 + tx)
     if transposed:
-        a_load = f"{wp}[((kf_long)(g * {cin_g} + ka / {KV}) * {cout_g} + m) * {KV} + ka % {KV}]"
+        a_load = f"{wp}[((kf_long)(g * {cin_g} + kt[kbuf][0][tx]) * {cout_g} + m) * {KV} + ka - kt[kbuf][0][tx] * {KV}]"
     else:
         a_load = f"{wp}[(kf_long)(g * {cout_g} + m) * {K} + ka]"
-    # per-column hoisted base positions, then per tap the input position and its validity
     onames = [f"o{d}" for d in range(nd)]
-    hoist = [f"jb{d}[l]" for d in range(nd)]
+    base = [f"{o} + {pd[d]}" if transposed else f"{o} * {st[d]} - {pd[d]}" for d, o in enumerate(onames)]
+    ent = [k.format(e="kr") for k in kd]
+    chan = f"(g * {cin_g} + kt[kbuf][0][kr])"
     if transposed:
-        base = [f"{onames[d]} + {pd[d]}" for d in range(nd)]
+        ts = [f"(jb{d} - {ent[d]})" for d in range(nd)]
+        checks = " && ".join(
+            f"{t} >= 0 && {t} % {st[d]} == 0 && {t} / {st[d]} < {xs[d]}" for d, t in enumerate(ts)
+        )
+        pos = [f"({t} / {st[d]})" for d, t in enumerate(ts)]
     else:
-        base = [f"{onames[d]} * {st[d]} - {pd[d]}" for d in range(nd)]
-    knames = [f"t{d}" for d in range(nd)]
-    pos, checks = [], []
-    for d in range(nd):
-        t = f"({hoist[d]} - {knames[d]} * {dl[d]})" if transposed else f"({hoist[d]} + {knames[d]} * {dl[d]})"
-        if transposed:
-            pos.append(f"({t} / {st[d]})")
-            checks.append(f"{t} >= 0 && {t} % {st[d]} == 0 && {t} / {st[d]} < {xs[d]}")
-        else:
-            pos.append(t)
-            checks.append(f"{t} >= 0 && {t} < {xs[d]}")
-    chan = f"(g * {cin_g} + ci)"
+        pos = [f"(jb{d} + {ent[d]})" for d in range(nd)]
+        checks = " && ".join(f"{p} >= 0 && {p} < {xs[d]}" for d, p in enumerate(pos))
     if x.buffer is not None:
         xp = L.ptr(x.buffer)
-        x_load = f"{xp}[(kf_long)(nb * {cin} + {chan}) * {_prod(xs)} + {horner(pos, xs)}]"
+        if transposed:
+            x_load = f"{xp}[(kf_long)(nb * {cin} + {chan}) * {xs_flat} + {horner(pos, xs)}]"
+        else:  # the column's base offset plus the tap's
+            x_load = f"{xp}[xb + colb + kt[kbuf][1][kr]]"
     else:  # a prologue-fused value: its loader at the (64-bit) coordinates
         x_load = x.load(["(kf_long)nb", f"(kf_long){chan}", *[f"(kf_long){p}" for p in pos]])
-    tap = _unflat_int("r", ks, knames)
-    b_load = f"""        #pragma unroll
-        for (int l = 0; l < CN; ++l) {{
-            const int kb = k0 + bk[l];
-            float v = 0.0f;
-            if (jok[l] && kb < {K}) {{
-                const int ci = kb / {KV}; const int r = kb - ci * {KV};
-                {tap}
-                if ({" && ".join(checks)}) v = {x_load};
-            }}
-            rb[l] = v;
-        }}"""
     load = f"""        #pragma unroll
         for (int l = 0; l < CM; ++l) {{
             const int m = i0 + ty + 16 * l, ka = k0 + tx;
             ra[l] = (m < {cout_g} && ka < {K}) ? {a_load} : 0.0f;
         }}
-{b_load}"""
+        #pragma unroll
+        for (int l = 0; l < CN; ++l) {{
+            const int kr = bk + l * (16 / CN);
+            rb[l] = (jok && ({checks})) ? {x_load} : 0.0f;
+        }}"""
     cs = ["(kf_long)nb", "(kf_long)co", *[f"(kf_long){o}" for o in onames]]
     epi, ctype, _ = L.epilogue(node, out, cs, "float")
     add = f" acc += {bias}[co];" if bias else ""
     jdecomp = _unflat_int("j", os_, onames)
-    hoist_set = " ".join(f"jb{d}[l] = {base[d]};" for d in range(nd))
+    hoist_set = " ".join(f"jb{d} = {base[d]};" for d in range(nd))
     lang = L.lang
+    if lang == "opencl":
+        st4 = "vstore4((float4)(v[c], v[c + 1], v[c + 2], v[c + 3]), 0, &y[yrow + j]);"
+    else:
+        st4 = "*reinterpret_cast<float4*>(&y[yrow + j]) = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);"
     text = f"""    KF_LOCAL float As[16][16 * CM + 4];
     KF_LOCAL float Bs[16][16 * CN + 4];
+    KF_LOCAL int kt[2][{nf}][16];
     const int tx = KF_LID(0), ty = KF_LID(1), tid = ty * 16 + tx;
     const int j0 = (int)KF_GRP(0) * (16 * CN), i0 = (int)KF_GRP(1) * (16 * CM);
     const int bz = (int)KF_GRP(2), nb = bz / {G}, g = bz - nb * {G};
-    int bk[CN], bj[CN], jok[CN];
-{"".join(f"    int jb{d}[CN];{chr(10)}" for d in range(nd))}    #pragma unroll
-    for (int l = 0; l < CN; ++l) {{
-        const int e = tid + 256 * l;
-        bk[l] = e / (16 * CN); bj[l] = e - bk[l] * (16 * CN);
-        const int j = j0 + bj[l];
-        jok[l] = j < {P};
+    const kf_long xb = (kf_long)(nb * {cin} + g * {cin_g}) * {xs_flat};
+    // a thread loads one patch column (its position decomposed once) at CN taps, 16 / CN apart
+    const int bk = tid / (16 * CN), bj = tid - bk * (16 * CN);
+    const int jok = j0 + bj < {P};
+    int colb, {", ".join(f"jb{d}" for d in range(nd))};
+    {{
+        const int j = j0 + bj;
         {jdecomp}
         {hoist_set}
+        colb = {horner([f"jb{d}" for d in range(nd)], xs)};
+    }}
+    if (tid < 16) {{
+        const int kfill = 0, kfb = 0;
+        {fill}
     }}
     float accv[CM][CN];
     #pragma unroll
@@ -171,25 +193,39 @@ def emit_conv_gemm(
         for (int c = 0; c < CN; ++c) accv[r][c] = 0.0f;
     }}
     float ra[CM], rb[CN];
+    KF_BARRIER;
     {{
-        const int k0 = 0;
+        const int k0 = 0, kbuf = 0;
 {load}
     }}
-    for (int k0s = 0; k0s < {K}; k0s += 16) {{
+    int s = 0;
+    for (int k0s = 0; k0s < {K}; k0s += 16, ++s) {{
         #pragma unroll
         for (int l = 0; l < CM; ++l) As[tx][ty + 16 * l] = ra[l];
         #pragma unroll
-        for (int l = 0; l < CN; ++l) Bs[bk[l]][bj[l]] = rb[l];
+        for (int l = 0; l < CN; ++l) Bs[bk + l * (16 / CN)][bj] = rb[l];
+        if (tid < 16 && k0s + 16 < {K}) {{
+            const int kfill = k0s + 16, kfb = (s + 1) & 1;
+            {fill}
+        }}
         KF_BARRIER;
         if (k0s + 16 < {K}) {{
-            const int k0 = k0s + 16;
+            const int k0 = k0s + 16, kbuf = (s + 1) & 1;
 {load}
         }}
         #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {{
             float av[CM], bv[CN];
 {_vec_read(lang, "av", "As[kk]", "ty * CM", "CM")}
+#if CN >= 4
+            #pragma unroll
+            for (int q = 0; q < CN; q += 4) {{
+                {_ld4(lang, "Bs[kk][(q / 4) * 64 + tx * 4]")}
+                bv[q] = t4.x; bv[q + 1] = t4.y; bv[q + 2] = t4.z; bv[q + 3] = t4.w;
+            }}
+#else
 {_vec_read(lang, "bv", "Bs[kk]", "tx * CN", "CN")}
+#endif
             #pragma unroll
             for (int r = 0; r < CM; ++r) {{
                 #pragma unroll
@@ -203,18 +239,38 @@ def emit_conv_gemm(
         const int m = i0 + ty * CM + r;
         if (m >= {cout_g}) continue;
         const int co = g * {cout_g} + m;
+        const kf_long yrow = ((kf_long)nb * {cout} + co) * {P};
+        float v[CN];
         #pragma unroll
         for (int c = 0; c < CN; ++c) {{
-            const int j = j0 + tx * CN + c;
+            const int j = j0 + KF_JCOL(c);
+            v[c] = 0.0f;
             if (j < {P}) {{
                 {jdecomp}
                 float acc = accv[r][c];{add}
-                y[((kf_long)nb * {cout} + co) * {P} + j] = {epi};
+                v[c] = {epi};
+            }}
+        }}
+#if CN >= 4
+        if ((({P}) & 3) == 0) {{
+            #pragma unroll
+            for (int c = 0; c < CN; c += 4) {{
+                const int j = j0 + KF_JCOL(c);
+                if (j < {P}) {{ {st4} }}
+            }}
+        }} else
+#endif
+        {{
+            #pragma unroll
+            for (int c = 0; c < CN; ++c) {{
+                const int j = j0 + KF_JCOL(c);
+                if (j < {P}) y[yrow + j] = v[c];
             }}
         }}
     }}"""
+    jcol = "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n#else\n#define KF_JCOL(c) (tx * CN + (c))\n#endif\n"
     fma = "fmaf((a), (b), (c))" if lang == "cuda" else "((a) * (b) + (c))"
-    text = f"#define KF_CFMA(a, b, c) {fma}\n" + text + "\n#undef KF_CFMA"
+    text = f"#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
     nk = L.nk
     L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     p_py = "*".join(f"{py_shape}[{2 + d}]" for d in range(nd)) or "1"
