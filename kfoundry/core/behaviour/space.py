@@ -9,13 +9,15 @@ gets one warning line, and its measured axes are read from the static pattern le
 
 from __future__ import annotations
 
+import ast
 import logging
+import re
 from typing import Any
 
 from kfoundry.core.behaviour.axes import STATIC_AXES, AxisSpec, DescriptorChoice, describe, resolve
 from kfoundry.core.behaviour.measure import MeasureContext
 from kfoundry.core.descriptors import DescriptorExtractor, get_extractor, kernel_programs
-from kfoundry.core.models import Candidate, DeviceProfile
+from kfoundry.core.models import Candidate, DeviceProfile, ParamValue
 from kfoundry.core.plugins import PluginManager
 
 log = logging.getLogger("kfoundry.descriptors")
@@ -34,6 +36,29 @@ def warn_once(language: str, message: str) -> None:
     if (language, message) not in _warned:
         _warned.add((language, message))
         log.warning(message)
+
+
+_DEFAULTS = re.compile(r"^#.*\bPARAMS\b.*\bdefaults:\s*(\{[^\n}]*\})\s*$", re.MULTILINE)
+
+
+def declared_defaults(source: str) -> dict[str, ParamValue]:
+    """The ``# PARAMS ... defaults: {...}`` comment of a rendered recipe, else {}.
+
+    Without it every tunable would compile with the placeholder (1024): a tile of 1024x1024 fully
+    unrolled took NVRTC 270 s for one recipe.
+    """
+    found = _DEFAULTS.search(source)
+    if not found:
+        return {}
+    try:
+        value = ast.literal_eval(found.group(1))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): v for k, v in value.items() if isinstance(k, str) and isinstance(v, int | float | str | bool)
+    }
 
 
 class DescriptorSpace:
@@ -104,6 +129,8 @@ class DescriptorSpace:
             params = dict(candidate.params)
             if candidate.space is not None:
                 params = {**{k: v[0] for k, v in candidate.space.params.items() if v}, **params}
+            if not params:  # a bare source (a generator placing a recipe): the defaults it declares
+                params = declared_defaults(candidate.source)
             context = MeasureContext(
                 device=self.context.device,
                 problem_intensity=self.context.problem_intensity,
