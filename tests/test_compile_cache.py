@@ -218,3 +218,62 @@ def test_a_cache_miss_gives_the_lane_up_except_in_timing(tmp_path: Path) -> None
     assert first["lane_released_s"] > 0 and not first["cached"]
     assert second.get("in_lane") is True and "lane_released_s" not in second
     assert cached["cached"] is True and third["cached"] and len(lane.released) == 1
+
+
+#: The honest kernel built inside ``forward``, one program per input size (as the offline recipes do).
+LAZY = (
+    HONEST.replace("        self.k = load(SRC, defines=PARAMS)\n", "        self.k = {}\n")
+    .replace(
+        "        c = torch.empty_like(a)\n",
+        "        if a.numel() not in self.k:\n"
+        "            self.k[a.numel()] = load(SRC, defines={**PARAMS, 'N_AT': a.numel()})\n"
+        "        c = torch.empty_like(a)\n",
+    )
+    .replace("self.k.vector_add(", "self.k[a.numel()].vector_add(")
+)
+
+
+@needs_pyopencl
+def test_a_compile_job_ships_the_artefacts_its_benchmark_job_serves() -> None:
+    job = _job(LAZY, None, shape_variants=1)  # no cache folder: only the shipped artefacts can serve
+    compiled = LocalExecutor().run([job.model_copy(update={"kind": "compile"})])[0]
+    assert compiled.outcome is Outcome.correct, compiled.message
+    # the loads inside forward were asked for (one per shape set) though no kernel ran
+    assert len(compiled.artifacts) == len(compiled.compiles) == 2, compiled.compiles
+    assert "kernels do not run" in compiled.log and compiled.timing is None
+    bench = LocalExecutor().run([job.model_copy(update={"seed_artifacts": compiled.artifacts})])[0]
+    assert bench.outcome is Outcome.correct, bench.message
+    assert [c.get("seeded") for c in bench.compiles] == [True, True], bench.compiles
+    assert {c["key"] for c in bench.compiles} == {k[:16] for k in compiled.artifacts}
+
+
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and __import__("importlib").util.find_spec("cuda") is None,
+    reason="no CUDA compiler",
+)
+def test_a_cuda_compile_job_needs_no_gpu() -> None:
+    import base64
+
+    from kfoundry.core.evaluation.compile_step import unpack
+    from kfoundry.core.models import DeviceProfile
+
+    h200 = DeviceProfile(backend="cuda", name="NVIDIA H200", index=0, compute_capability="9.0")
+    job = EvalJob(
+        kind="compile",
+        problem_path=str(EXAMPLES / "kernelbench" / "softmax.py"),
+        shapes={"batch_size": 8, "dim": 520},
+        # the example builds its program inside forward (its cluster size from the row length)
+        candidate=Candidate(
+            source=(EXAMPLES / "kernelbench" / "cuda" / "softmax_cuda.py").read_text(), language="cuda"
+        ),
+        evaluation=fast_config(trials=1, shape_variants=0).evaluation,
+        backend="cuda",
+        backend_plugin="cuda",
+        on_gpu=True,
+        device_profile=h200,
+    )
+    result = LocalExecutor().run([job])[0]
+    assert result.outcome is Outcome.correct and len(result.artifacts) == 1, (result.message, result.log)
+    artifact = unpack(base64.b64decode(next(iter(result.artifacts.values()))))
+    assert artifact.data[:4] == b"\x7fELF" and artifact.meta["arch"] == "sm_90"
+    assert "softmax_cluster" in artifact.meta["kernels"]

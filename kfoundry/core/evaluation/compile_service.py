@@ -22,12 +22,10 @@ Backends take part by having ``compile_artifact(source, *, defines, build_option
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
-import fcntl
-import json
 import os
-import select
-import signal
 import struct
 import time
 from dataclasses import dataclass, field
@@ -37,14 +35,19 @@ from kfoundry.core.backend import Backend, CompileFailed, KernelModule
 from kfoundry.core.evaluation.channel import Channel, ChannelClosed
 from kfoundry.core.evaluation.compile_cache import Artifact, CompileCache, compile_key
 from kfoundry.core.evaluation.compile_lane import DeviceLane
+from kfoundry.core.evaluation.compile_step import (
+    MAX_SOURCE,
+    _read_fd,
+    _sealed_memfd,
+    compile_confined,
+    pack,
+    unpack,
+)
 from kfoundry.core.evaluation.jobs import EvalJob
 from kfoundry.core.evaluation.runner_handle import JobFailed
 
 #: Largest source, define count and artefact a compile request may involve.
-MAX_SOURCE = 1 << 20
 MAX_DEFINES = 256
-MAX_ARTIFACT = 64 << 20
-_LENGTH = struct.Struct("!Q")
 
 
 def supports_artifacts(backend: Backend) -> bool:
@@ -59,127 +62,14 @@ def runner_compile_info(backend: Backend) -> dict[str, str] | None:
     if not supports_artifacts(backend):
         return None
     target = getattr(backend, "artifact_target", None)
+    toolchain = getattr(backend, "artifact_toolchain", None)  # what the artefact depends on, where narrower
     try:
-        return {"toolchain": backend.toolchain_version(), "target": str(target() if callable(target) else "")}
+        return {
+            "toolchain": toolchain() if callable(toolchain) else backend.toolchain_version(),
+            "target": str(target() if callable(target) else ""),
+        }
     except Exception:  # no toolchain here: the runner compiles itself
         return None
-
-
-# -- the artefact's wire format (judge -> runner, compile child -> judge) -------------------------
-
-
-def pack(artifact: Artifact) -> bytes:
-    meta = json.dumps(artifact.meta).encode()
-    return _LENGTH.pack(len(meta)) + meta + artifact.data
-
-
-def unpack(blob: bytes) -> Artifact:
-    (size,) = _LENGTH.unpack_from(blob)
-    meta = json.loads(blob[_LENGTH.size : _LENGTH.size + size])
-    if not isinstance(meta, dict):
-        raise ValueError("artefact meta is not an object")
-    return Artifact(blob[_LENGTH.size + size :], meta)
-
-
-def _sealed_memfd(blob: bytes) -> int:
-    fd = os.memfd_create("kf-artifact", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    view = memoryview(blob)
-    while view:
-        view = view[os.write(fd, view) :]
-    seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
-
-
-def _read_fd(fd: int) -> bytes:
-    with os.fdopen(fd, "rb") as handle:
-        handle.seek(0)
-        return handle.read()
-
-
-# -- the confined compile step ----------------------------------------------------------------------
-
-
-def compile_confined(job: EvalJob, request: dict[str, Any], target: str, timeout_s: float) -> Artifact:
-    """Compile in a fresh confined child (no network, no files but the system's, a scratch tmpfs,
-    ``nobody``, its own PID namespace); raise :class:`CompileFailed` with the log, or on its timeout."""
-    from kfoundry.core.evaluation import confine
-    from kfoundry.core.evaluation.runner_handle import _setns
-
-    read_end, write_end = os.pipe()
-    own_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
-    separate = confine.new_pid_namespace()
-    pid = os.fork()
-    if pid == 0:  # the compile step: never returns
-        os.close(read_end)
-        os.close(own_namespace)
-        _compile_child(job, request, target, write_end)
-    os.close(write_end)
-    if separate:
-        _setns(own_namespace)
-    os.close(own_namespace)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([read_end], [], [], left)[0]:
-                raise CompileFailed(f"compile timed out after {timeout_s:g} s (killed)")
-            chunk = os.read(read_end, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if sum(map(len, chunks)) > MAX_ARTIFACT + MAX_SOURCE:
-                raise CompileFailed("the compile step's output exceeds the artefact limit")
-    finally:
-        os.close(read_end)
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, 0)
-    try:
-        answer = unpack(b"".join(chunks))
-    except (ValueError, struct.error):
-        raise CompileFailed("the compile step died without an answer") from None
-    if answer.meta.get("error") is not None:
-        raise CompileFailed(str(answer.meta["error"])[:2000], log=str(answer.meta.get("log", ""))[-20000:])
-    return answer
-
-
-def _compile_child(job: EvalJob, request: dict[str, Any], target: str, out: int) -> None:
-    from kfoundry.core.evaluation import confine
-    from kfoundry.core.plugins import get_plugin
-
-    status = 0
-    try:
-        ev = job.evaluation
-        plan = confine.ConfinementPlan(
-            scratch_mb=ev.scratch_mb,
-            keep_fds=(out,),
-            memory_mb=None if job.on_gpu or job.backend == "cuda" else ev.memory_limit_mb,
-            max_processes=64,
-            uid=3_500_000 + os.getpid() % 1_000_000,
-        )
-        report = confine.confine(plan)
-        backend = get_plugin("backend", job.backend).build(job.backend_options)
-        data, meta = backend.compile_artifact(
-            request["source"],
-            defines=request.get("defines"),
-            build_options=request.get("build_options"),
-            target=target,
-            device=job.device,
-        )
-        blob = pack(Artifact(bytes(data), {**meta, "unconfined": report.missing()}))
-    except CompileFailed as exc:
-        blob = pack(Artifact(b"", {"error": str(exc), "log": exc.log}))
-    except BaseException as exc:
-        blob = pack(Artifact(b"", {"error": f"compile step: {type(exc).__name__}: {exc}"[:2000]}))
-        status = 1
-    with contextlib.suppress(OSError):
-        view = memoryview(blob)
-        while view:
-            view = view[os.write(out, view) :]
-    os._exit(status)
 
 
 # -- the judge's side ---------------------------------------------------------------------------------
@@ -199,6 +89,11 @@ class CompileService:
     deadline: float = float("inf")
     #: the job's device lane once it holds it: released for a cache-miss compile where it may be
     lane: DeviceLane | None = None
+    #: artefacts a compile job made for this candidate (key -> packed), served like cache entries
+    seeds: dict[str, bytes] = field(default_factory=dict)
+    #: keep every artefact served (a compile job ships them: :meth:`shipped`)
+    keep: bool = False
+    _kept: dict[str, bytes] = field(default_factory=dict)
 
     @classmethod
     def for_job(cls, job: EvalJob, info: Any) -> CompileService | None:
@@ -213,7 +108,36 @@ class CompileService:
         if job.compile_cache_dir:
             with contextlib.suppress(OSError):
                 cache = CompileCache(job.compile_cache_dir, ev.compile_cache_mb * 2**20)
-        return cls(job, toolchain[:500], target[:200], cache)
+        seeds: dict[str, bytes] = {}
+        for key, text in list(job.seed_artifacts.items())[:256]:
+            with contextlib.suppress(binascii.Error, ValueError):
+                seeds[key] = base64.b64decode(text, validate=True)
+        return cls(job, toolchain[:500], target[:200], cache, seeds=seeds)
+
+    def _seeded(self, key: str) -> Artifact | None:
+        """The compile job's artefact for ``key`` (stored in the cache too), or None."""
+        blob = self.seeds.get(key)
+        if blob is None:
+            return None
+        try:
+            artifact = unpack(blob)
+        except (ValueError, struct.error):
+            return None
+        if self.cache is not None:
+            with contextlib.suppress(OSError):
+                self.cache.put(key, artifact)
+        return artifact
+
+    def shipped(self, limit: int) -> dict[str, str]:
+        """The artefacts kept (base64 of the packed artefact by key), up to ``limit`` bytes in all."""
+        out: dict[str, str] = {}
+        total = 0
+        for key, blob in self._kept.items():
+            total += len(blob)
+            if total > limit:
+                break
+            out[key] = base64.b64encode(blob).decode()
+        return out
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         """The answer to one compile request: ``{"ok": True}`` with the artefact's memfd, or the error."""
@@ -234,6 +158,10 @@ class CompileService:
         )
         started = time.perf_counter()
         artifact = self.cache.get(key) if self.cache is not None else None
+        seeded = False
+        if artifact is None:
+            artifact = self._seeded(key)
+            seeded = artifact is not None
         cached = artifact is not None
         released = 0.0
         if artifact is None:
@@ -263,10 +191,15 @@ class CompileService:
             "kernels": [str(k) for k in kernels][:64] if isinstance(kernels, list) else [],
             **self._lane_note(self.lane, released),
         }
+        if seeded:
+            record["seeded"] = True  # made by this candidate's compile job
         if unconfined and not cached:  # protections the compile step lacked (as a runner's are logged)
             record["unconfined"] = [str(u) for u in unconfined][:16]
         self.records.append(record)
-        return {"ok": True, "cached": cached}, [_sealed_memfd(pack(artifact))]
+        blob = pack(artifact)
+        if self.keep:
+            self._kept[key] = blob
+        return {"ok": True, "cached": cached}, [_sealed_memfd(blob)]
 
     @staticmethod
     def _lane_note(lane: DeviceLane | None, released: float) -> dict[str, Any]:
@@ -333,12 +266,14 @@ class RemoteCompiler:
     """The runner's ``backend.load`` (in the build and inside calls): compiles through the judge, loads
     the artefact. It synchronizes the device before it asks, so the judge may give the lane up."""
 
-    def __init__(self, chan: Channel, backend: Backend) -> None:
+    def __init__(self, chan: Channel, backend: Backend, discover: bool = False) -> None:
         self.chan = chan
         self.backend = backend
         self.local = backend.load
         self.active = True
         self.requests = 0
+        #: a compile job: the artefacts are not loaded (kernels that refuse to run stand in)
+        self.discover = discover
 
     def __call__(
         self,
@@ -349,7 +284,8 @@ class RemoteCompiler:
     ) -> KernelModule:
         if not self.active:
             return self.local(source, defines=defines, build_options=build_options)
-        self.backend.synchronize()  # no device work of this job left queued while the lane is given up
+        if not self.discover:
+            self.backend.synchronize()  # no device work of this job left queued while the lane is given up
         self.requests += 1
         self.chan.send(
             {"op": "compile", "source": source, "defines": defines, "build_options": build_options}
@@ -363,6 +299,10 @@ class RemoteCompiler:
         artifact = unpack(_read_fd(fds[0]))
         for fd in fds[1:]:
             os.close(fd)
+        if self.discover:
+            from kfoundry.core.evaluation.compile_discovery import unrunnable_module
+
+            return unrunnable_module(artifact.meta)
         module: KernelModule = self.backend.load_artifact(  # type: ignore[attr-defined]
             artifact.data, artifact.meta, defines=defines, build_options=build_options
         )

@@ -138,6 +138,7 @@ class Evaluator:
             backend_options=dict(self.config.backend.options),
             backend_plugin=self._backend_plugin,
             device=self._device.index,
+            device_profile=self._device,  # a compile job elsewhere compiles for it
             evaluation=self.config.evaluation,
             lock_path=self.lock_path,
             compile_cache_dir=str(self.store.path.parent / "compile-cache") if self.store else None,

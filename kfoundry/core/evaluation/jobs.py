@@ -10,13 +10,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from kfoundry.core.config import EvaluationConfig
-from kfoundry.core.models import Candidate, Outcome, TimingStats
+from kfoundry.core.models import Candidate, DeviceProfile, Outcome, TimingStats
 
 
 class EvalJob(BaseModel):
-    """One sandboxed job: evaluate a candidate (``evaluate``) or time the reference (``reference``)."""
+    """One sandboxed job: evaluate a candidate (``evaluate``), time the reference (``reference``), or
+    compile a candidate's programs without its device (``compile``: a discovery build, see
+    :mod:`~.compile_discovery`)."""
 
-    kind: Literal["evaluate", "reference"] = "evaluate"
+    kind: Literal["evaluate", "reference", "compile"] = "evaluate"
     problem_path: str
     #: The problem file's text, for a worker without the driver's file system: the judge writes it to
     #: a private temporary file named like ``problem_path`` and judge and runner load that one.
@@ -35,6 +37,12 @@ class EvalJob(BaseModel):
     lock_path: str | None = None
     #: Folder of the run's compile cache (artefacts by the hash of their compile's inputs; None: none).
     compile_cache_dir: str | None = None
+    #: The device the job is for, as the driver saw it: a ``compile`` job on a machine without that
+    #: device compiles for it (its compute capability is the target).
+    device_profile: DeviceProfile | None = None
+    #: Artefacts a ``compile`` job made for this candidate (key -> base64 of the packed artefact): the
+    #: judge serves them like compile-cache entries (the same keys: inputs, toolchain and target).
+    seed_artifacts: dict[str, str] = Field(default_factory=dict)
     #: ``standard``: batches clocked by the judge (device events where larger); ``differential``: the
     #: judge's clock over batches of B and 2B calls, their difference per call (no device events, no
     #: exchange calibration): the independent second measurement of a flagged kernel.
@@ -72,6 +80,9 @@ class JobResult(BaseModel):
     #: the compile cache) or compiled, seconds (empty where the candidate's process compiled them itself);
     #: ``lane_released_s`` where the lane was given up for the compile, ``in_lane`` where it was kept.
     compiles: list[dict[str, Any]] = Field(default_factory=list)
+    #: A ``compile`` job's artefacts (key -> base64 of the packed artefact), for the benchmark job's
+    #: :attr:`EvalJob.seed_artifacts`.
+    artifacts: dict[str, str] = Field(default_factory=dict)
 
 
 def device_lane(job: EvalJob) -> str:

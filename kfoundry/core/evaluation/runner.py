@@ -94,9 +94,13 @@ def candidate_traceback(exc: BaseException) -> str:
 
 def build_backend(job: EvalJob) -> Backend:
     """The job's backend, by name through the plugin registry, with its device selected."""
+    from kfoundry.core.evaluation.compile_discovery import device_free
     from kfoundry.core.plugins import get_plugin
 
     backend = get_plugin("backend", job.backend).build(job.backend_options)
+    if device_free(job, backend):  # a compile job: for the driver's device, all on the host
+        backend.device, backend.torch_device = job.device_profile, "cpu"
+        return backend
     backend.select_device(job.device)
     return backend
 
@@ -303,6 +307,10 @@ class Runner:
                 )
             elif op == "fetch":
                 reply = self.fetch(list(message["calls"]))
+            elif op == "discover" and self.job.kind == "compile":
+                from kfoundry.core.evaluation.compile_discovery import discover_calls
+
+                reply = discover_calls(self)
             elif op == "exit":
                 return
             else:

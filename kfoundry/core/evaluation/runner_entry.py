@@ -63,7 +63,7 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
             cap_threads(job.threads)
         backend = build_backend(job)
         runtime.set_backend(backend)
-        timer = _device_timer(backend)
+        timer = _device_timer(backend) if job.kind != "compile" else None  # a compile job times nothing
         forward = None
         if timer is not None:
             with contextlib.suppress(Exception):  # no trusted forward: the empty call calibrates
@@ -94,7 +94,11 @@ def runner_main(chan: Channel, job: EvalJob) -> NoReturn:
             else:
                 chan.send(_calibration_call(timer, backend))
         # -- from here on, candidate code runs ----------------------------------------------------
-        remote = RemoteCompiler(chan, backend) if message.get("compile_service") is True else None
+        remote = (
+            RemoteCompiler(chan, backend, discover=job.kind == "compile")
+            if message.get("compile_service") is True
+            else None
+        )
         if remote is not None:  # kernels compiled by the judge's confined compile step (and its cache)
             backend.load = remote  # type: ignore[method-assign]
         runner = Runner(chan, job, problems, backend, timer)

@@ -217,6 +217,10 @@ def _lane(
 
 
 def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
+    if job.kind == "compile":  # no device lane, no trials: the candidate's programs compiled
+        from kfoundry.core.evaluation.compile_discovery import execute_compile_job
+
+        return execute_compile_job(job, runner_pid_file)
     start = _clock_ns()
     deadline = time.monotonic() + job.evaluation.timeout_s
     _strict_fp32()

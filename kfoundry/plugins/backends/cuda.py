@@ -66,6 +66,8 @@ class CudaBackend(Backend):
     name = "cuda"
     language = "cuda"
     torch_device = "cuda"
+    #: cubins are built for a compute capability: a compile job needs no GPU (``compile_discovery``)
+    artifacts_need_device = False
 
     def __init__(self, options: CudaOptions | None = None) -> None:
         super().__init__(options or CudaOptions())
@@ -107,6 +109,11 @@ class CudaBackend(Backend):
 
     def toolchain_version(self) -> str:
         return _toolchain_version(self.options.compiler)
+
+    def artifact_toolchain(self) -> str:
+        """What a cubin depends on (the compiler, not the driver that loads it): the compile-cache key's
+        toolchain, the same on a compile node without a driver as on the GPU's node."""
+        return _toolchain_version(self.options.compiler).split("; ")[0]
 
     def select_device(self, spec: str | int | None = None) -> DeviceProfile:
         chosen = super().select_device(spec)

@@ -109,6 +109,8 @@ class HipBackend(Backend):
     name = "hip"
     language = "hip"
     torch_device = "cpu"
+    #: code objects are built for the ``arch`` option: a compile job needs no GPU (``compile_discovery``)
+    artifacts_need_device = False
 
     def __init__(self, options: HipOptions | None = None) -> None:
         super().__init__(options or HipOptions())

@@ -13,6 +13,11 @@ is built, and a missing ray is a one-line error. See ``docs/distributed.md``.
 - No more tasks are in flight than the cluster has room for, so a task runs as soon as it is
   submitted; one that has not answered ``task_timeout_s`` after submission is cancelled and is a
   ``timeout``. Results come back as they finish (``ray.wait``); only the driver writes the store.
+- ``compile_tasks``: each candidate is first a CPU task (``cpu_resources``; no GPU) that compiles its
+  programs through the judge's compile service without running them (a ``compile`` job,
+  ``compile_discovery.py``); its benchmark task then carries the artefacts and its judge serves them
+  instead of compiling (``JobResult.compiles`` marks them ``seeded``). A compile task that fails or
+  times out leaves the benchmark task to compile as usual.
 - A task whose worker process or node dies (an infrastructure failure, never the candidate's compile
   error or crash, which the sandbox turns into a result) is submitted again, at most ``max_retries``
   times; the retries are written into the job's log and ``resources["ray_retries"]``.
@@ -74,6 +79,11 @@ class RayOptions(BaseModel):
         default=120.0,
         gt=0,
         description="a task not answered this long after submission is cancelled (timeout)",
+    )
+    compile_tasks: bool = Field(
+        default=False,
+        description="compile each candidate in a CPU task first (no device needed), then benchmark it "
+        "with the artefacts (see docs/distributed.md)",
     )
     max_retries: int = Field(
         default=2,
@@ -143,6 +153,8 @@ class RayExecutor(Executor):
         gpus = self.options.gpus_per_job
         if gpus is None:
             gpus = 1.0 if job.on_gpu or job.backend == "cuda" else 0.0
+        if job.kind == "compile":
+            gpus = 0.0
         custom = self.options.device_resources if gpus > 0 else self.options.cpu_resources
         task = self._task.options(
             num_cpus=self.options.cpus_per_job, num_gpus=gpus, resources=dict(custom) or None
@@ -157,9 +169,13 @@ class RayExecutor(Executor):
     def run_iter(self, jobs: list[EvalJob]) -> Iterator[tuple[int, JobResult]]:
         ray, opts = self._ray, self.options
         shipped = [portable(job, self._texts) for job in jobs]
+        compiling = {i for i, job in enumerate(shipped) if opts.compile_tasks and job.kind == "evaluate"}
+        for i in compiling:  # first a CPU task that compiles; the benchmark job follows (``_compiled``)
+            shipped[i] = shipped[i].model_copy(update={"kind": "compile"})
         queue = list(range(len(jobs)))
         attempts = dict.fromkeys(queue, 0)
         failures: dict[int, list[str]] = {i: [] for i in queue}
+        notes: dict[int, list[str]] = {i: [] for i in queue}
         flying: dict[Any, tuple[int, float]] = {}
         try:
             while queue or flying:
@@ -172,6 +188,12 @@ class RayExecutor(Executor):
                 for ref in ready:
                     i, _ = flying.pop(ref)
                     result, why = self._collect(ref)
+                    if i in compiling and (result is not None or attempts[i] > opts.max_retries):
+                        shipped[i] = _compiled(jobs[i], shipped[i], result, why, notes[i])
+                        compiling.discard(i)
+                        attempts[i] = 0
+                        queue.insert(0, i)  # its benchmark task, next
+                        continue
                     if result is None and attempts[i] <= opts.max_retries:
                         failures[i].append(why)
                         queue.insert(0, i)  # again, on whichever node has room now
@@ -182,12 +204,18 @@ class RayExecutor(Executor):
                             outcome=Outcome.runtime_error,
                             message=(f"setup: the ray task failed {attempts[i]} times: {why}")[:500],
                         )
-                    yield i, _noted(result, failures[i])
+                    yield i, _noted(result, failures[i], notes[i])
                 now = time.monotonic()
                 for ref, (i, since) in list(flying.items()):
                     if now - since > opts.task_timeout_s:
                         del flying[ref]
                         ray.cancel(ref, force=True)
+                        if i in compiling:  # the benchmark task compiles for itself
+                            shipped[i] = _compiled(jobs[i], shipped[i], None, "timed out", notes[i])
+                            compiling.discard(i)
+                            attempts[i] = 0
+                            queue.insert(0, i)
+                            continue
                         yield (
                             i,
                             _noted(
@@ -198,6 +226,7 @@ class RayExecutor(Executor):
                                     ),
                                 ),
                                 failures[i],
+                                notes[i],
                             ),
                         )
         finally:  # the caller stopped early: nothing left running on the cluster for it
@@ -221,13 +250,25 @@ class RayExecutor(Executor):
         """Leave the Ray runtime running for other users of this process."""
 
 
-def _noted(result: JobResult, failures: list[str]) -> JobResult:
-    """``result`` with the infrastructure failures that preceded it in its log and resources."""
+def _compiled(
+    job: EvalJob, shipped: EvalJob, result: JobResult | None, why: str, notes: list[str]
+) -> EvalJob:
+    """The benchmark job after its compile task: with the artefacts it shipped (none if it failed)."""
+    if result is None:
+        notes.append(f"ray: compile task failed ({why}); the benchmark task compiles")
+        return shipped.model_copy(update={"kind": job.kind})
+    notes.append(f"ray: compile task: {result.message[:300]} ({result.wall_s:.2f} s)")
+    return shipped.model_copy(update={"kind": job.kind, "seed_artifacts": dict(result.artifacts)})
+
+
+def _noted(result: JobResult, failures: list[str], notes: list[str] | None = None) -> JobResult:
+    """``result`` with the infrastructure failures that preceded it (and the compile task's note) in
+    its log and resources."""
     if failures:
         result.resources = {**result.resources, "ray_retries": len(failures)}
-        result.log = "\n".join(
-            [f"ray: attempt {n} failed: {why}" for n, why in enumerate(failures, 1)] + [result.log]
-        ).strip()
+    lines = [f"ray: attempt {n} failed: {why}" for n, why in enumerate(failures, 1)] + list(notes or [])
+    if lines:
+        result.log = "\n".join([*lines, result.log]).strip()
     return result
 
 
