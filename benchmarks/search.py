@@ -127,7 +127,7 @@ def profile_check(
         return
     job = evaluator._job("evaluate", Candidate(source=seed.read_text(), language=evaluator.backend.language))
     console.print(f"profile check: ncu = {find_ncu()}")
-    result = profile_candidate(job)
+    result = profile_candidate(job, timeout_s=45)
     if result.warning:
         console.print(f"profile check ({result.wall_s:.1f} s): {result.warning}")
         console.print("ncu's output in the sandbox (tail):\n" + "\n".join(result.detail.splitlines()[-12:]))
@@ -291,7 +291,7 @@ def trusted_ncu_check(job: object, problem: object, console: Console) -> None:
         target = [sys.executable, "-m", "kfoundry.core.evaluation.profile_target", str(spec)]
         t0 = time.monotonic()
         proc = subprocess.run(
-            ncu_command(str(find_ncu()), log_file, target), capture_output=True, text=True, timeout=120
+            ncu_command(str(find_ncu()), log_file, target), capture_output=True, text=True, timeout=60
         )
         text = Path(log_file).read_text() if Path(log_file).exists() else ""
         console.print(

@@ -101,8 +101,11 @@ def ncu_command(ncu: str, log_file: str, target: list[str]) -> list[str]:
     ]
 
 
-def profile_candidate(job: EvalJob, timeout_s: float = 120.0) -> ProfileResult:
-    """Profile ``job``'s candidate under ncu in the sandbox (see the module docstring); never raises."""
+def profile_candidate(job: EvalJob, timeout_s: float = 60.0) -> ProfileResult:
+    """Profile ``job``'s candidate under ncu in the sandbox (see the module docstring); never raises.
+
+    A timeout counts as the machine's (``permanent``): the run stops profiling rather than pay it again.
+    """
     from kfoundry.core.evaluation.runner_handle import device_lock
     from kfoundry.core.evaluation.sandbox import _server_environment
 
@@ -125,7 +128,9 @@ def profile_candidate(job: EvalJob, timeout_s: float = 120.0) -> ProfileResult:
             )
     except subprocess.TimeoutExpired:
         return ProfileResult(
-            warning=f"profile: timed out after {timeout_s:g} s", wall_s=time.monotonic() - start
+            warning=f"profile: timed out after {timeout_s:g} s",
+            wall_s=time.monotonic() - start,
+            permanent=True,
         )
     try:
         answer = json.loads(proc.stdout[:MAX_ANSWER] or b"{}")
@@ -150,8 +155,9 @@ def interpret(answer: dict[str, Any]) -> ProfileResult:
             "user: the driver restricts them to administrators; the static traffic estimates stand",
             permanent=True,
         )
-    if answer.get("error"):
-        return ProfileResult(warning=f"profile: {str(answer['error'])[:300]}")
+    if answer.get("error") or answer.get("rc") == -1:
+        error = str(answer.get("error") or output)
+        return ProfileResult(warning=f"profile: {error[:300]}", permanent="timed out" in error)
     for source in (text, output):
         with contextlib.suppress(NcuOutputError):
             metrics, launches = parse_ncu_csv(source)
@@ -214,6 +220,7 @@ def _child(job: EvalJob, ncu: str, timeout_s: float, out: int) -> None:
             readable=(str(Path(job.problem_path).resolve()), os.path.dirname(os.path.realpath(ncu))),
             keep_fds=(out,),
             max_processes=512,
+            max_open_files=1024,
             uid=3_600_000 + os.getpid() % 1_000_000,
             loopback=True,
         )
