@@ -331,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['x_naive']:.2f} | {100 * row['roofline']:.0f}% |",
                 flush=True,
             )
+            if sweep:  # every time of this problem now (a run cut short keeps them)
+                ranked = sorted(times.items(), key=lambda i: i[1])
+                print(f"#   {key}: " + ", ".join(f"{n} {t:.4f}" for n, t in ranked), flush=True)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
             print(f"| {key} | {row['error']} | | | | | |", flush=True)
