@@ -91,3 +91,36 @@ def test_measured_run_records_its_axes_and_resumes_under_them(kf_config, kf_prob
         DescriptorMismatch, match="laid out on descriptors \\(intensity, hierarchy, mix, occupancy\\)"
     ):
         loop_for(kf_config({}, *sets))  # static now: refused in one line
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_clang() is None, reason="no LLVM clang to compile OpenCL C to IR")
+def test_traffic_pass_places_correct_records_by_their_traffic(kf_config, kf_problem, monkeypatch) -> None:
+    """With ``search.options.profile = "on"`` every correct record gets the pass's traffic (a stand-in
+    for ncu here, the real sandboxed pass otherwise) and its cell is the one that traffic gives."""
+    from pathlib import Path
+
+    from kfoundry.core.behaviour.traffic import measured_hierarchy
+    from kfoundry.core.evaluation import Evaluator
+    from kfoundry.core.problem import load_problem
+    from kfoundry.core.store import Store
+
+    monkeypatch.setenv("KF_NCU", str(Path(__file__).parent / "data" / "fake_ncu.sh"))
+    path = kf_problem(textwrap.dedent(MATMUL), name="traffic_matmul")
+    sets = ["budget.generations=1", "budget.proposals_per_generation=1", "tuner.every=-1", *FAST_EVAL]
+    config = kf_config({"search": {"options": {"descriptors": "measured", "profile": "on"}}}, *sets)
+    run_id, run_dir = new_run_dir(config, "traffic_matmul")
+    problem = load_problem(path, {})
+    store = Store(run_dir / "kfoundry.db")
+    evaluator = Evaluator(problem, config, store, run_id)
+    loop = OptimizeLoop(config, problem, evaluator, store, run_id, run_dir, initial_proposals=2)
+    assert loop.space.profiler is not None
+    loop.run()
+    cells = list(loop.strategy.archive)
+    assert cells
+    for cell in cells:
+        d = cell.record.descriptors
+        assert d["traffic_measured"] == 1.0 and d["intensity"] == d["measured_intensity"]
+        assert d["hierarchy"] == measured_hierarchy(d["static_hierarchy"], d)
+        assert tuple(cell.coords) == loop.space.cell(cell.candidate)
+        assert cell.coords[0] == int(d["level_intensity"])
