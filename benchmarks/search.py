@@ -104,6 +104,8 @@ def run_one(
 
 def _profiled(loop: OptimizeLoop) -> str:
     """How many correct records got ncu traffic, and the first reason one did not."""
+    if loop.space.profiler is None:
+        return "ncu pass off"
     records = [c.record for c in loop.strategy.archive if c.record.is_correct]
     got = sum(1 for r in records if r.descriptors.get("traffic_measured"))
     why = getattr(loop.space, "profile_warning", None)
