@@ -123,11 +123,16 @@ def profile_check(
     config = load_config(overrides=[f"backend.name={backend}", f"output_dir={out}"])
     problem = load_problem(problem_path, shapes)
     evaluator = Evaluator(problem, config, store, "profile-check")
-    seed = find_seed_kernel(problem_path, evaluator.backend.language)
-    if seed is None:
-        console.print("profile check: no seed kernel")
-        return
-    job = evaluator._job("evaluate", Candidate(source=seed.read_text(), language=evaluator.backend.language))
+    language = evaluator.backend.language
+    seed = find_seed_kernel(problem_path, language)
+    if seed is not None:
+        candidate = Candidate(source=seed.read_text(), language=language)
+    else:  # the offline cookbook's first (naive) recipe
+        from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+
+        candidate = OfflineGenerator().recipes(problem.summary(), language)[0].candidate()
+    console.print(f"profile check: kernel {candidate.label or seed}")
+    job = evaluator._job("evaluate", candidate)
     console.print(f"profile check: ncu = {find_ncu()}")
     result = profile_candidate(job, timeout_s=45)
     if result.warning:
