@@ -368,6 +368,26 @@ def unflat(flat: str, dims: list[str]) -> list[str]:
     return out
 
 
+def decompose(flat: str, dims: list[str], names: list[str], total: str) -> str:
+    """C statements declaring ``names`` (kf_long) as the row-major coordinates of ``flat`` over ``dims``:
+    in unsigned 32-bit arithmetic where ``total`` (the index space) fits, 64-bit otherwise (a 64-bit
+    division is a long software routine; a 32-bit one a few instructions)."""
+    if not dims:
+        return ""
+    if len(dims) == 1:
+        return f"        const kf_long {names[0]} = {flat};\n"
+    wide = unflat(flat, dims)
+    narrow = []
+    for k in range(len(dims)):
+        tail = dims[k + 1 :]
+        q = f"((unsigned)({flat}) / ((unsigned){' * '.join(tail)}))" if tail else f"((unsigned)({flat}))"
+        narrow.append(f"({q} % (unsigned){dims[k]})" if k > 0 else q)
+    decl = "".join(f"        kf_long {n};\n" for n in names)
+    small = " ".join(f"{n} = (kf_long)({e});" for n, e in zip(names, narrow, strict=True))
+    big = " ".join(f"{n} = {e};" for n, e in zip(names, wide, strict=True))
+    return f"{decl}        if ({total} <= (kf_long)0x7fffffff) {{ {small} }} else {{ {big} }}\n"
+
+
 class Lowering:
     """Lower one traced graph to a :class:`Schedule` in ``lang`` (``fuse``: inline elementwise ops)."""
 
@@ -486,11 +506,7 @@ class Lowering:
         dims = self.shape_dims(py_shape, out)
         coords = [f"c{k}" for k in range(len(out))]
         total = " * ".join(f"(kf_long){d}" for d in dims) or "1"
-        decomp = (
-            "".join(f"        const kf_long c{k} = {e};\n" for k, e in enumerate(unflat("g", dims)))
-            if dims
-            else ""
-        )
+        decomp = decompose("g", dims, [f"c{k}" for k in range(len(out))], "total")
         store, final_ctype, _ = self.epilogue(node, out, coords, ctype)
         self.lanes_used = False
         inner = body(coords)
@@ -712,9 +728,7 @@ class Lowering:
         kd = [dims[k] for k in keep]
         total = " * ".join(f"(kf_long){d}" for d in kd) or "1"
         coords = [f"c{k}" for k in range(len(out))]
-        decomp = "".join(
-            f"        const kf_long c{k} = {e};\n" for k, e in zip(keep, unflat("g", kd), strict=True)
-        )
+        decomp = decompose("g", kd, [f"c{k}" for k in keep], "rows")
         _, final_ctype, _ = self.epilogue(node, out, coords, "float")
 
         def store(cs: list[str], value: str) -> str:

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
-from kfoundry.plugins.llms.offline import lower_conv
+from kfoundry.plugins.llms.offline import lower_conv, lower_stats
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
@@ -933,7 +933,14 @@ def _norm_rows(
     if mean_var is not None or math.prod(src.shape[k] for k in row_dims) >= SPLIT_MIN:
         # long rows (or given statistics): split reductions for the mean and the variance of the
         # deviations, then one work item per element
-        if mean_var is None:
+        fast = lower_stats.row_stats(L, node, src, row_dims) if mean_var is None else None
+        if fast is not None:  # one read for both statistics
+            mu_v, var_v = fast
+            stats = (
+                lambda c: L.broadcast_load(mu_v, c, src.shape),
+                lambda c: L.broadcast_load(var_v, c, src.shape),
+            )
+        elif mean_var is None:
             mu = reduce(L, node, src, "mean", row_dims, True, epilogue=False, suffix="mu")
             dev = Val(
                 src.shape,
@@ -1077,7 +1084,10 @@ def _group_norm_rows(
     vshape = (src.shape[0], groups, math.prod(src.shape[1:]) // groups)
     vd = L.shape_dims(f"V{n}", vshape)
     flat_dims = src.dims
-    view = Val(vshape, vd, lambda c: src.load(unflat(horner(c, vd), flat_dims)), f"V{n}")
+    if src.buffer is not None:  # the same flat order: index the buffer directly
+        view = L.buffer_val(src.buffer, vshape, f"V{n}", src.ctype)
+    else:
+        view = Val(vshape, vd, lambda c: src.load(unflat(horner(c, vd), flat_dims)), f"V{n}")
     spatial = " * ".join(f"(kf_long){d}" for d in src.dims[2:]) or "1"
     cpg = f"({src.dims[1]} / {G})"
     chan = lambda c: f"(({c[1]}) * {cpg} + ({c[2]}) / ({spatial}))"  # noqa: E731
@@ -1292,9 +1302,8 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
 
     def body(c: list[str]) -> str:
         nn_, co, oc = c[0], c[1], c[2:]
-        ci, kk = L.fresh("ci"), L.fresh("kk")
-        kc = unflat(kk, ks)
-        ksz = " * ".join(f"(kf_long){k}" for k in ks)
+        ci = L.fresh("ci")
+        loops, kc = _window(L, ks)
         if not transposed:
             cin_g = w.dims[1]
             cout_g = f"({odims[1]} / {G})"
@@ -1318,12 +1327,18 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
         s = (
             f"float acc = 0.0f;\n        for (kf_long {ci} = 0; {ci} < {cin_g}; ++{ci}) {{\n"
             f"            float {part} = 0.0f;\n"
-            f"            for (kf_long {kk} = 0; {kk} < {ksz}; ++{kk}) {{ if ({inside}) {part} += ({xl}) * ({wl}); }}\n"
+            f"            {loops} {{ if ({inside}) {part} += ({xl}) * ({wl}); }}\n"
             f"            acc += {part};\n        }}"
         )
         return s + (f"\n        acc += {bias}[{co}];" if bias else "")
 
     return L.emit_pointwise(out, f"S{n}", body, "convT" if transposed else "conv", node=node)
+
+
+def _window(L: Lowering, sizes: list[str]) -> tuple[str, list[str]]:
+    """Nested loop headers over a window of ``sizes`` (int counters, no index division) and their names."""
+    names = [L.fresh("w") for _ in sizes]
+    return " ".join(f"for (int {w} = 0; {w} < {k}; ++{w})" for w, k in zip(names, sizes, strict=True)), names
 
 
 def _pool(
@@ -1351,15 +1366,13 @@ def _pool(
 
     def body(c: list[str]) -> str:
         oc = c[lead:]
-        w = L.fresh("w")
-        wc = unflat(w, kk)
-        wsz = " * ".join(f"(kf_long){v}" for v in kk)
+        loops, wc = _window(L, kk)
         pos = [f"(({oc[i]}) * {ss[i]} - {pp[i]} + ({wc[i]}) * {dd[i]})" for i in range(nd)]
         inside = " && ".join(f"{q} >= 0 && {q} < {x.dims[lead + i]}" for i, q in enumerate(pos))
         xl = x.load([*c[:lead], *pos])
         if kind == "max":
             return (
-                f"float acc = -INFINITY;\n        for (kf_long {w} = 0; {w} < {wsz}; ++{w}) "
+                f"float acc = -INFINITY;\n        {loops} "
                 f"{{ if ({inside}) {{ float v = {xl}; {_nan_max('acc', 'v', '>')} }} }}"
             )
         # average: torch's divisor (window clipped to the padded input, or to the input without padding)
@@ -1380,7 +1393,7 @@ def _pool(
                 for i in range(nd)
             )
         return (
-            f"float acc = 0.0f;\n        for (kf_long {w} = 0; {w} < {wsz}; ++{w}) "
+            f"float acc = 0.0f;\n        {loops} "
             f"{{ if ({inside}) acc += {xl}; }}\n        acc = acc / ({div});"
         )
 

@@ -1,0 +1,116 @@
+"""Mean and variance of long normalisation rows as a parallel split reduction (the fused schedules).
+
+Batch, instance and group norm (and layer norm over trailing dims) reduce rows made of ``outer``
+contiguous runs of ``inner`` elements, ``mid * inner`` apart (batch norm: ``outer`` = N, a run is one
+image's channel; instance and group norm: one run per row). Each run is cut into pieces of
+:data:`PIECE` elements; a work-group reads a piece (128-bit loads where the run's length allows) and
+sums ``x - shift`` and its square, ``shift`` being the row's first element (the shifted-data
+algorithm: no cancellation when the mean is far from zero), then merges them in a local-memory tree.
+Two small kernels add a row's pieces into its mean and variance. One read of the input for the
+statistics, instead of two passes with a division per element.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.fx as fx
+
+from kfoundry.plugins.llms.offline.lower import Val, horner
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+#: Elements of one run that a work-group reduces.
+PIECE = 4096
+
+
+def _layout(nd: int, row_dims: list[int]) -> tuple[int, bool] | None:
+    """(start of the trailing run dims, whether dim 0 is a row dim outside them), or None where the
+    row is not made of contiguous runs that way."""
+    rows = set(row_dims)
+    s = min(k for k in range(nd + 1) if set(range(k, nd)) <= rows)
+    head = rows - set(range(s, nd))
+    if s == nd or head not in (set(), {0}):
+        return None
+    return s, head == {0}
+
+
+def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tuple[Val, Val] | None:
+    """(mean, biased variance) of ``src`` over ``row_dims``, each of the kept shape (ones at the row
+    dims), or None where ``src`` is not a buffer or its rows are not runs (the caller's path then)."""
+    nd = len(src.shape)
+    lay = _layout(nd, row_dims)
+    if not L.fuse or src.buffer is None or lay is None:
+        return None
+    s, batch = lay
+    n = L.order[node]
+    S = src.py_shape
+    outer_py = f"{S}[0]" if batch else "1"
+    mid_py = f"_prod({S}[1:{s}])" if batch else f"_prod({S}[:{s}])"
+    L.fwd(f"Q{n} = ({outer_py}, {mid_py}, _prod({S}[{s}:]), {outer_py} * _cdiv(_prod({S}[{s}:]), {PIECE}))")
+    outer, mid, inner, pp = (L.sym(f"Q{n}[{k}]") for k in range(4))
+    xp = L.ptr(src.buffer)
+    if L.lang == "opencl":
+        v4 = "const float4 v = vload4(i, p);"
+    else:
+        v4 = "const float4 v = reinterpret_cast<const float4*>(p)[i];"
+    text = f"""    KF_LOCAL float kf_r1[BLOCK];
+    KF_LOCAL float kf_r2[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long blk = KF_GRP(0), row = blk / {pp}, piece = blk - row * {pp};
+    const kf_long per = ((kf_long){inner} + {PIECE - 1}) / {PIECE};
+    const kf_long b = piece / per, c0 = (piece - b * per) * {PIECE};
+    const kf_long left = (kf_long){inner} - c0;
+    const int len = (int)(left < {PIECE} ? left : {PIECE});
+    const float shift = {xp}[row * {inner}];
+    KF_G const float* p = {xp} + (b * {mid} + row) * {inner} + c0;
+    float s1 = 0.0f, s2 = 0.0f;
+    if (({inner} & 3) == 0) {{
+        for (int i = t; i < len / 4; i += BLOCK) {{
+            {v4}
+            const float d0 = v.x - shift, d1 = v.y - shift, d2 = v.z - shift, d3 = v.w - shift;
+            s1 += (d0 + d1) + (d2 + d3);
+            s2 += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+        }}
+    }} else {{
+        for (int i = t; i < len; i += BLOCK) {{ const float d = p[i] - shift; s1 += d; s2 += d * d; }}
+    }}
+    kf_r1[t] = s1;
+    kf_r2[t] = s2;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+        if (t < o) {{ kf_r1[t] += kf_r1[t + o]; kf_r2[t] += kf_r2[t + o]; }}
+        KF_BARRIER;
+    }}
+    if (t == 0) {{ y[2 * blk] = kf_r1[0]; y[2 * blk + 1] = kf_r2[0]; }}"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(2 * Q{n}[1] * Q{n}[3], dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, Q{n}[1] * Q{n}[3]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    parts = L.ptr(L.kernel(text, "float", "", "stats", launch_dims=launch))
+    L.fwd(L.sched.kernels[-1].launch)
+    del outer
+    kept = tuple(1 if k in row_dims else v for k, v in enumerate(src.shape))
+    L.fwd(f"S{n}st = tuple(1 if k in {tuple(row_dims)!r} else v for k, v in enumerate({S}))")
+    first = 1 if batch else 0
+    count = f"((float){inner} * (float)Q_OUTER)"
+
+    def fold(c: list[str], what: str) -> str:
+        row = horner(c[first:s], src.dims[first:s]) if s > first else "0"
+        q = L.fresh("q")
+        return (
+            f"const kf_long row = {row};\n        float s1 = 0.0f, s2 = 0.0f;\n"
+            f"        for (kf_long {q} = 0; {q} < {pp}; ++{q}) {{ s1 += {parts}[2 * (row * {pp} + {q})]; "
+            f"s2 += {parts}[2 * (row * {pp} + {q}) + 1]; }}\n"
+            f"        const float cnt = {count.replace('Q_OUTER', L.sym(f'Q{n}[0]'))};\n"
+            f"        const float m1 = s1 / cnt;\n"
+            + (
+                f"        float acc = {xp}[row * {inner}] + m1;"
+                if what == "mean"
+                else "        float acc = s2 / cnt - m1 * m1; acc = acc > 0.0f ? acc : 0.0f;"
+            )
+        )
+
+    mu = L.emit_pointwise(kept, f"S{n}st", lambda c: fold(c, "mean"), "mean")
+    var = L.emit_pointwise(kept, f"S{n}st", lambda c: fold(c, "var"), "var")
+    return mu, var
