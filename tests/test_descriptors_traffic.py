@@ -15,6 +15,7 @@ from kfoundry.core.behaviour.traffic import (
     NcuOutputError,
     apply_traffic,
     measured_hierarchy,
+    out_of_bounds,
     parse_ncu_csv,
     traffic_features,
 )
@@ -188,3 +189,102 @@ def test_sandboxed_target_runs_unprivileged(monkeypatch: pytest.MonkeyPatch, tmp
     result = profile.profile_candidate(evaluator._job("evaluate", candidate), timeout_s=90)
     assert result.warning is None, result.warning
     assert seen and "uid=0 " not in seen[0] and "forward done" in seen[0], seen
+
+
+def test_bounds_from_what_the_judge_knows() -> None:
+    metrics, _ = parse_ncu_csv(SAMPLE.read_text())
+    honest = traffic_features(metrics)
+    h200 = {"peak_bandwidth_gbs": 4800.0, "peak_gflops": 60_000.0}
+    # 2 MiB of inputs, 0.2 ms per call: the sample's traffic fits
+    assert out_of_bounds(honest, input_bytes=2 * 1024 * 1024, time_s=2e-4, **h200) is None
+    # a forged "everything came from the caches": DRAM reads below the inputs' bytes
+    cached = {**honest, "dram_read_bytes": 1000.0, "dram_bytes": 2000.0}
+    assert "below 0.9x the inputs" in str(
+        out_of_bounds(cached, input_bytes=2 * 1024 * 1024, time_s=2e-4, **h200)
+    )
+    # more bytes or FLOPs than the device can move or count in the judge's own time
+    assert "dram_bytes" in str(out_of_bounds(honest, input_bytes=None, time_s=1e-7, **h200))
+    flops = {**honest, "dram_bytes": 0.0, "l2_bytes": 0.0, "l1_bytes": 0.0}
+    assert "FLOPs exceed" in str(out_of_bounds(flops, input_bytes=None, time_s=1e-7, **h200))
+
+
+FORGER = """
+import os, time
+FORGED = open("/work/main/tests/data/ncu_details_handwritten.csv").read().replace("2,162,688", "1")
+if os.fork() == 0:  # a daemon that waits for the profiler's log and rewrites it
+    os.setsid()
+    for _ in range(600):
+        time.sleep(0.01)
+        try:
+            text = open("/scratch/ncu.csv").read()
+        except OSError:
+            continue
+        if "fake ncu" in text:
+            open("/scratch/ncu.csv", "w").write(FORGED)
+            break
+    time.sleep(5)
+    os._exit(0)
+"""
+
+
+def test_a_candidate_that_rewrites_the_log_does_not_move_its_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its daemon outlives ncu: the pass refuses the log (one line), the static estimates stand."""
+    pytest.importorskip("pyopencl")
+    monkeypatch.setenv("KF_NCU", str(FAKE_NCU))
+    with tempfile.TemporaryDirectory() as tmp:
+        evaluator, honest = _pocl_evaluator(Path(tmp))
+        forger = Candidate(source=FORGER.replace("/work/main", str(ROOT)) + honest.source, language="opencl")
+        result = profile_candidate(evaluator._job("evaluate", forger), timeout_s=90)
+        assert not result.metrics and result.warning is not None
+        assert "outlived ncu" in result.warning and "\n" not in result.warning
+        profiler = profiler_for_run(
+            type("S", (), {"options": type("O", (), {"profile": "on"})()})(),
+            resolve("measured"),
+            evaluator,
+            evaluator.problem,
+        )
+        record = EvalRecord(
+            candidate_hash="h",
+            eval_key="k",
+            problem="p",
+            backend="opencl",
+            device="d",
+            outcome=Outcome.correct,
+        )
+        assert with_traffic(profiler, forger, record, {"intensity": 50.0, "hierarchy": 2.0}) is None
+        assert "outlived ncu" in record.log
+
+
+def test_only_a_record_that_would_enter_the_archive_is_profiled() -> None:
+    from kfoundry.core.archive import Archive
+    from kfoundry.core.behaviour.profiling import _would_enter
+    from kfoundry.core.models import TimingStats
+
+    axes = resolve("measured")
+    archive = Archive((4, 4, 4, 4), islands=2)
+    feats = {"intensity": 2.0, "hierarchy": 2.0, "mix": 1.0, "occupancy": 1.0}
+    coords = tuple(a.level(feats[a.name]) for a in axes)
+
+    def rec(speedup: float) -> EvalRecord:
+        timing = TimingStats(
+            median_ms=1.0, iqr_ms=0.0, ci95_low_ms=1.0, ci95_high_ms=1.0, mean_ms=1.0, min_ms=1.0, n=1
+        )
+        return EvalRecord(
+            candidate_hash=str(speedup),
+            eval_key="k",
+            problem="p",
+            backend="b",
+            device="d",
+            outcome=Outcome.correct,
+            speedup=speedup,
+            timing=timing,
+        )
+
+    cand = Candidate(source="x", language="cuda")
+    assert _would_enter(archive, axes, rec(1.0), feats)  # empty cell
+    archive.insert(cand, rec(2.0), coords, island=0)
+    assert _would_enter(archive, axes, rec(1.0), feats)  # island 1 is still empty there
+    archive.insert(cand, rec(2.0), coords, island=1)
+    assert not _would_enter(archive, axes, rec(1.0), feats)  # worse than both elites
+    assert _would_enter(archive, axes, rec(3.0), feats)
+    assert _would_enter(None, axes, rec(1.0), feats)  # a strategy without an archive: always

@@ -14,7 +14,8 @@ lists; :func:`traffic_features` turns the sums into the features the measured ax
   tensor-core work) per DRAM byte: the kernel's own traffic.
 
 The numbers come from a process the candidate shares (see ``kfoundry/core/evaluation/profile.py``):
-they place a kernel in the archive and never decide a verdict or a time.
+they place a kernel in the archive and never decide a verdict or a time, and :func:`out_of_bounds`
+refuses traffic that the judge's own time and the problem's inputs rule out.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def traffic_features(metrics: dict[str, float], problem_flops: float | None = No
     floor = max(dram, 1.0)
     out = {
         "dram_bytes": dram,
+        "dram_read_bytes": m("dram__bytes_read.sum"),
         "l2_bytes": l2,
         "l1_bytes": l1,
         "counted_flops": flops,
@@ -132,6 +134,47 @@ def traffic_features(metrics: dict[str, float], problem_flops: float | None = No
     if "gpu__time_duration.sum" in metrics:
         out["profiled_ns"] = m("gpu__time_duration.sum")
     return out
+
+
+#: Slack on the physical bounds (:func:`out_of_bounds`): an honest kernel is inside them with room to spare.
+READ_FLOOR = 0.9
+RATE_CEILING = 1.5
+#: The caches' rates as multiples of the DRAM peak, generous ceilings (H200: L2 about 2-3x, L1 about 7x).
+L2_RATE = 10.0
+L1_RATE = 30.0
+
+
+def out_of_bounds(
+    traffic: dict[str, float],
+    *,
+    input_bytes: float | None,
+    time_s: float | None,
+    peak_bandwidth_gbs: float | None,
+    peak_gflops: float | None,
+) -> str | None:
+    """Why ``traffic`` cannot be what the kernel did, from what the judge knows itself (None: it can).
+
+    ncu flushes the caches before each replay, so every input byte comes from DRAM at least once:
+    DRAM reads >= :data:`READ_FLOOR` x the inputs. In the judge's own time per call a kernel moves at
+    most :data:`RATE_CEILING` x the peak bandwidth through DRAM (L2 and L1: :data:`L2_RATE`,
+    :data:`L1_RATE` times that) and counts at most that factor x the peak FLOP rate.
+    """
+    read = traffic.get("dram_read_bytes", 0.0)
+    if input_bytes and read < READ_FLOOR * input_bytes:
+        return f"DRAM reads {read:.3g} B are below {READ_FLOOR:g}x the inputs' {input_bytes:.3g} B"
+    if time_s and time_s > 0 and peak_bandwidth_gbs:
+        bw = RATE_CEILING * peak_bandwidth_gbs * 1e9 * time_s
+        for key, factor in (("dram_bytes", 1.0), ("l2_bytes", L2_RATE), ("l1_bytes", L1_RATE)):
+            if traffic.get(key, 0.0) > factor * bw:
+                return (
+                    f"{key} {traffic[key]:.3g} B exceed {factor * RATE_CEILING:g}x the peak bandwidth over "
+                    f"the judge's {time_s * 1e3:.3g} ms"
+                )
+    if time_s and time_s > 0 and peak_gflops:
+        top = RATE_CEILING * peak_gflops * 1e9 * time_s
+        if traffic.get("counted_flops", 0.0) > top:
+            return f"{traffic['counted_flops']:.3g} FLOPs exceed {RATE_CEILING:g}x the peak rate over the judge's time"
+    return None
 
 
 #: L2 bytes per DRAM byte from which a kernel counts as served by the caches (hierarchy level 1).

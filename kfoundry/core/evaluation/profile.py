@@ -155,6 +155,12 @@ def interpret(answer: dict[str, Any]) -> ProfileResult:
             "user: the driver restricts them to administrators; the static traffic estimates stand",
             permanent=True,
         )
+    survivors = answer.get("survivors")
+    if isinstance(survivors, list) and survivors:
+        return ProfileResult(
+            warning=f"profile: {len(survivors)} process(es) of the candidate outlived ncu "
+            f"({', '.join(map(str, survivors))[:100]}): its traffic could be rewritten, not used"
+        )
     if answer.get("error") or answer.get("rc") == -1:
         error = str(answer.get("error") or output)
         return ProfileResult(warning=f"profile: {error[:300]}", permanent="timed out" in error)
@@ -209,6 +215,7 @@ def serve(ncu: str, timeout_s: float) -> None:
 
 def _child(job: EvalJob, ncu: str, timeout_s: float, out: int) -> None:
     from kfoundry.core.evaluation import confine
+    from kfoundry.core.evaluation.libc import PR_SET_DUMPABLE, _lib
 
     answer: dict[str, Any]
     try:
@@ -225,6 +232,8 @@ def _child(job: EvalJob, ncu: str, timeout_s: float, out: int) -> None:
             loopback=True,
         )
         report = confine.confine(plan)
+        with contextlib.suppress(OSError):  # the candidate shares the uid: no /proc/1/fd, /proc/1/mem for it
+            _lib().prctl(PR_SET_DUMPABLE, 0)
         scratch = Path(report.scratch)
         (scratch / "job.json").write_text(job.model_dump_json())
         log_file = str(scratch / "ncu.csv")
@@ -239,10 +248,20 @@ def _child(job: EvalJob, ncu: str, timeout_s: float, out: int) -> None:
             output, rc = proc.stdout[-20000:].decode(errors="replace"), proc.returncode
         except subprocess.TimeoutExpired:
             output, rc = f"ncu timed out after {timeout_s:g} s", -1
+        survivors = _survivors(ncu)  # a process of the candidate left running could rewrite the log
+        if os.getpid() == 1:
+            with contextlib.suppress(OSError):
+                os.kill(-1, signal.SIGKILL)  # every other process of this PID namespace
         csv_text = ""
         with contextlib.suppress(OSError), open(log_file, "rb") as handle:
             csv_text = handle.read(MAX_ANSWER // 2).decode(errors="replace")
-        answer = {"rc": rc, "csv": csv_text, "output": output, "unconfined": report.missing()}
+        answer = {
+            "rc": rc,
+            "csv": csv_text,
+            "output": output,
+            "unconfined": report.missing(),
+            "survivors": survivors[:5],
+        }
     except BaseException as exc:
         answer = {"error": f"profiling sandbox: {type(exc).__name__}: {exc}"[:2000]}
     with contextlib.suppress(OSError):
@@ -250,6 +269,32 @@ def _child(job: EvalJob, ncu: str, timeout_s: float, out: int) -> None:
         while view:
             view = view[os.write(out, view) :]
     os._exit(0)
+
+
+def _survivors(ncu: str) -> list[str]:
+    """Names of the processes still running in this PID namespace after ncu returned, other than
+    this one and ncu's own helpers (executables inside its installation); zombies are reaped first."""
+    if os.getpid() != 1:
+        return []  # no PID namespace of our own: /proc shows the host's processes
+    with contextlib.suppress(ChildProcessError, OSError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    own = (os.path.dirname(os.path.realpath(ncu)),)
+    found: list[str] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == "1":
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            exe = os.path.realpath(f"/proc/{name}/exe")
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"]):
+            continue
+        if exe.startswith(own) or "nsight-compute" in exe.lower():
+            continue
+        found.append(stat[stat.find("(") + 1 : stat.rfind(")")] or name)
+    return found
 
 
 if __name__ == "__main__":
