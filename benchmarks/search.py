@@ -99,7 +99,29 @@ def run_one(
         "params": best.candidate.params if best else {},
         "wall_s": time.monotonic() - t0,
         "profiled": _profiled(loop),
+        "traffic": _traffic_lines(loop),
     }
+
+
+def _traffic_lines(loop: OptimizeLoop) -> list[str]:
+    """One line per distinct cell with measured traffic: the best elite there and what ncu saw."""
+    best: dict[tuple[int, ...], object] = {}
+    for c in loop.strategy.archive:
+        if c.record.is_correct and c.record.descriptors.get("traffic_measured"):
+            key = tuple(c.coords)
+            if key not in best or c.record.fitness > best[key].record.fitness:  # type: ignore[attr-defined]
+                best[key] = c
+    lines = []
+    for coords, c in sorted(best.items()):
+        d = c.record.descriptors  # type: ignore[attr-defined]
+        lines.append(
+            f"  cell {coords} {c.candidate.label} {c.candidate.params}: {c.record.speedup or 0:.2f}x, "  # type: ignore[attr-defined]
+            f"DRAM {d['dram_bytes'] / 1e6:.1f} MB, L2 {d['l2_bytes'] / 1e6:.1f} MB (reuse {d['l2_reuse']:.1f}), "
+            f"L1 {d['l1_bytes'] / 1e6:.1f} MB, intensity {d['measured_intensity']:.1f} FLOP/B "
+            f"(compiled-code estimate {d.get('static_intensity', 0):.1f}), hierarchy {d['hierarchy']:g} "
+            f"(estimate {d.get('static_hierarchy', 0):g}), achieved occupancy {d.get('achieved_occupancy', 0):.2f}"
+        )
+    return lines
 
 
 def _profiled(loop: OptimizeLoop) -> str:
@@ -226,6 +248,8 @@ def main() -> None:
                     f"({row['best']}), coverage {row['coverage']:.1%} ({row['cells']} cells), "
                     f"{row['wall_s']:.0f} s, {row['profiled']}[/dim]"
                 )
+                for line in row["traffic"]:
+                    console.print(line, markup=False)
                 sys.stdout.flush()
                 rows.append(row)
 
