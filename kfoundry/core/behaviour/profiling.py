@@ -35,7 +35,8 @@ class TrafficProfiler:
         self.problem_flops = problem_flops
         self.backend = enabled_on
         self.warning: str | None = None
-        #: Set by a reason that holds for every candidate (ncu missing or refused) or three failures in a row.
+        #: Set when ncu is missing, or after three failures in a row (one candidate can fail its own pass:
+        #: a refusal or a timeout it printed or caused is not the machine's).
         self.given_up = False
         self._failures = 0
         self._done: dict[str, dict[str, float] | None] = {}

@@ -57,7 +57,7 @@ class ProfileResult:
     #: One line when nothing was measured (the static estimates stand), else None.
     warning: str | None = None
     wall_s: float = 0.0
-    #: Whether the reason holds for every candidate (ncu missing or refused): no use trying again.
+    #: Whether the reason holds for every candidate (ncu is missing): no use trying again.
     permanent: bool = False
     #: The tail of ncu's own output (for a diagnosis).
     detail: str = ""
@@ -101,10 +101,11 @@ def ncu_command(ncu: str, log_file: str, target: list[str]) -> list[str]:
     ]
 
 
-def profile_candidate(job: EvalJob, timeout_s: float = 60.0) -> ProfileResult:
+def profile_candidate(job: EvalJob, timeout_s: float = 45.0) -> ProfileResult:
     """Profile ``job``'s candidate under ncu in the sandbox (see the module docstring); never raises.
 
-    A timeout counts as the machine's (``permanent``): the run stops profiling rather than pay it again.
+    Only a missing ncu is ``permanent``: what comes back from the sandbox (a refusal, a timeout) may be
+    the candidate's doing, so the run gives up only after several in a row (``profiling.py``).
     """
     from kfoundry.core.evaluation.runner_handle import device_lock
     from kfoundry.core.evaluation.sandbox import _server_environment
@@ -128,9 +129,7 @@ def profile_candidate(job: EvalJob, timeout_s: float = 60.0) -> ProfileResult:
             )
     except subprocess.TimeoutExpired:
         return ProfileResult(
-            warning=f"profile: timed out after {timeout_s:g} s",
-            wall_s=time.monotonic() - start,
-            permanent=True,
+            warning=f"profile: timed out after {timeout_s:g} s", wall_s=time.monotonic() - start
         )
     try:
         answer = json.loads(proc.stdout[:MAX_ANSWER] or b"{}")
@@ -152,8 +151,7 @@ def interpret(answer: dict[str, Any]) -> ProfileResult:
     if "ERR_NVGPUCTRPERM" in output + text:
         return ProfileResult(
             warning="profile: ncu was refused the GPU performance counters (ERR_NVGPUCTRPERM) as the sandbox's "
-            "user: the driver restricts them to administrators; the static traffic estimates stand",
-            permanent=True,
+            "user: the driver restricts them to administrators; the static traffic estimates stand"
         )
     survivors = answer.get("survivors")
     if isinstance(survivors, list) and survivors:
@@ -163,7 +161,7 @@ def interpret(answer: dict[str, Any]) -> ProfileResult:
         )
     if answer.get("error") or answer.get("rc") == -1:
         error = str(answer.get("error") or output)
-        return ProfileResult(warning=f"profile: {error[:300]}", permanent="timed out" in error)
+        return ProfileResult(warning=f"profile: {error[:300]}")
     for source in (text, output):
         with contextlib.suppress(NcuOutputError):
             metrics, launches = parse_ncu_csv(source)
