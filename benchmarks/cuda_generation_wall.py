@@ -19,7 +19,8 @@ evaluation is served from it). The reference's timing and a warm-up job are not 
 table: the generation's wall time, compile seconds summed over the jobs (the compile service's where it
 is on, else the runner's build), seconds the jobs held the device lane (summed: correctness and timing
 less the time given up for compiles, plus the judge's clock calibration on a device), the time given up,
-candidates per minute, programs served from the compile cache, correct candidates, and jobs whose
+candidates per minute, programs served from the compile cache (or seeded by the candidate's compile
+job: ``--settings compile-jobs``, wall time including the compile jobs), correct candidates, and jobs whose
 calibration ran in the lane (GPU jobs; none on PoCL, where the judge does not calibrate).
 """
 
@@ -105,9 +106,16 @@ def config(backend: str, workers: int, cache: bool) -> Any:
 
 
 def generation(
-    backend: str, folder: Path, store_name: str, workers: int, cands: list[Any], cache: bool
+    backend: str,
+    folder: Path,
+    store_name: str,
+    workers: int,
+    cands: list[Any],
+    cache: bool,
+    compile_first: bool = False,
 ) -> dict[str, float]:
-    """Judge ``cands`` as one batch; the measured numbers."""
+    """Judge ``cands`` as one batch (``compile_first``: after a batch of their compile jobs, whose
+    artefacts the benchmark jobs are given); the measured numbers."""
     from kfoundry.core.evaluation import Evaluator
     from kfoundry.core.models import Outcome
     from kfoundry.core.problem import load_problem
@@ -120,6 +128,15 @@ def generation(
         ev.reference_timing()
         jobs = [ev._job("evaluate", c) for c in cands]  # the Evaluator's own jobs, results kept raw
         started = time.perf_counter()
+        compiled: list[Any] = []
+        if compile_first:  # device-free compile jobs (as Ray's compile tasks), then the benchmarks
+            # no cache folder for them (as on another machine): only what they ship reaches the benchmarks
+            compile_jobs = [j.model_copy(update={"kind": "compile", "compile_cache_dir": None}) for j in jobs]
+            compiled = ev.executor.run(compile_jobs)
+            jobs = [
+                j.model_copy(update={"seed_artifacts": c.artifacts})
+                for j, c in zip(jobs, compiled, strict=True)
+            ]
         results = [r for _, r in ev.executor.run_iter(jobs)]
         wall = time.perf_counter() - started
     bad = [r.message[:200] for r in results if r.outcome is not Outcome.correct]
@@ -131,7 +148,7 @@ def generation(
     released = [
         b - a for r in results for k, (a, b) in r.phase_times.items() if k.startswith("lane_released_")
     ]
-    service = sum(float(c.get("seconds") or 0.0) for r in results for c in r.compiles)
+    service = sum(float(c.get("seconds") or 0.0) for r in [*compiled, *results] for c in r.compiles)
     calibrating = [r.phase_times["calibrate"] for r in results if "calibrate" in r.phase_times]
     return {
         "wall_s": wall,
@@ -141,6 +158,7 @@ def generation(
         "released_s": sum(released),
         "per_min": len(cands) / wall * 60,
         "cached": sum(1 for r in results for c in r.compiles if c.get("cached")),
+        "seeded": sum(1 for r in results for c in r.compiles if c.get("seeded")),
         "programs": sum(len(r.compiles) for r in results),
         "correct": len(results) - len(bad),
     }
@@ -160,9 +178,10 @@ def main() -> None:
     parser.add_argument(
         "--settings",
         nargs="+",
-        choices=("off", "cold", "warm"),
+        choices=("off", "cold", "warm", "compile-jobs"),
         default=["off", "cold", "warm"],
-        help="compile cache off, cold (empty), warm (filled by the cold run: needs cold before it)",
+        help="compile cache off, cold (empty), warm (filled by the cold run: needs cold before it), "
+        "compile-jobs (device-free compile jobs first, their artefacts seed the benchmark jobs)",
     )
     args = parser.parse_args()
     if args.count < 1 or any(w < 1 for w in args.workers):
@@ -191,15 +210,24 @@ def main() -> None:
             folder = Path(tmp) / f"w{workers}"  # one compile cache per worker count: cold, then warm
             cands = [salted(c, f"w{workers}-{i}") for i, c in enumerate(base)]
             for setting in args.settings:
-                store, cache = {"off": ("off/o.sqlite", False), "cold": ("cold.sqlite", True)}.get(
-                    setting, ("warm.sqlite", True)
-                )
-                r = generation(args.backend, folder, store, workers, cands, cache)
-                name = {"off": "no cache", "cold": "cache cold", "warm": "cache warm"}[setting]
+                store, cache = {
+                    "off": ("off/o.sqlite", False),
+                    "cold": ("cold.sqlite", True),
+                    "compile-jobs": ("seeded/s.sqlite", True),  # its own (empty) cache folder
+                }.get(setting, ("warm.sqlite", True))
+                r = generation(args.backend, folder, store, workers, cands, cache, setting == "compile-jobs")
+                name = {
+                    "off": "no cache",
+                    "cold": "cache cold",
+                    "warm": "cache warm",
+                    "compile-jobs": "compile jobs first",
+                }[setting]
                 print(
                     f"| {workers} worker(s), {name} | {r['wall_s']:.2f} | {r['compile_s']:.2f} "
                     f"| {r['bench_s']:.2f} | {r['released_s']:.2f} | {r['per_min']:.1f} "
-                    f"| {int(r['cached'])}/{int(r['programs'])} | {int(r['correct'])}/{len(cands)} "
+                    f"| {int(r['cached'])}/{int(r['programs'])}"
+                    + (f" ({int(r['seeded'])} seeded)" if r["seeded"] else "")
+                    + f" | {int(r['correct'])}/{len(cands)} "
                     f"| {int(r['calibrated'])}/{len(cands)} |",
                     flush=True,
                 )

@@ -163,26 +163,29 @@ class CompileService:
             artifact = self._seeded(key)
             seeded = artifact is not None
         cached = artifact is not None
+        seconds = time.perf_counter() - started
         released = 0.0
         if artifact is None:
             lane = self.lane if self.lane is not None else DeviceLane(None)
+            was_released = False
             try:
                 with lane.released_for_compile() as was_released:
-                    gave_up = time.perf_counter()
+                    begun = time.perf_counter()
                     left = max(1.0, self.deadline - time.monotonic())
                     timeout = min(self.job.evaluation.compile_timeout_s, left)
                     try:
                         artifact = compile_confined(self.job, inputs, self.target, timeout)
-                    finally:
-                        released = time.perf_counter() - gave_up if was_released else 0.0
+                    finally:  # the compile's own time (not the wait to take the lane again)
+                        seconds += time.perf_counter() - begun
             except CompileFailed as exc:
+                released = _last_release(lane, was_released)
                 failed = {"key": key[:16], "cached": False, "error": str(exc)[:200]}
                 self.records.append({**failed, **self._lane_note(lane, released)})
                 return {"error": str(exc), "log": exc.log[-20000:], "kind": "compile_error"}, []
+            released = _last_release(lane, was_released)
             if self.cache is not None:
                 with contextlib.suppress(OSError):
                     self.cache.put(key, artifact)
-        seconds = time.perf_counter() - started
         kernels, unconfined = artifact.meta.get("kernels"), artifact.meta.get("unconfined")
         record: dict[str, Any] = {
             "key": key[:16],
@@ -222,6 +225,14 @@ class CompileService:
                 if "error" not in r
             )
         )
+
+
+def _last_release(lane: DeviceLane, released: bool) -> float:
+    """How long the lane was given up for the last compile (until it was taken again), or 0."""
+    if not released or not lane.released:
+        return 0.0
+    start, end = lane.released[-1]
+    return end - start
 
 
 def build_with_service(runner: Any, service: CompileService | None) -> dict[str, Any]:

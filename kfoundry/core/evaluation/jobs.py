@@ -77,8 +77,10 @@ class JobResult(BaseModel):
     #: on a device also ``calibrate`` (inside ``build``: the judge calibrating its clocks, in the lane).
     phase_times: dict[str, tuple[float, float]] = Field(default_factory=dict)
     #: The kernels' programs the compile service handled: key prefix, kernels, ``cached`` (served from
-    #: the compile cache) or compiled, seconds (empty where the candidate's process compiled them itself);
-    #: ``lane_released_s`` where the lane was given up for the compile, ``in_lane`` where it was kept.
+    #: the compile cache; ``seeded``: shipped by the candidate's compile job) or compiled, seconds (the
+    #: lookup and compile, not the wait for the lane; empty where the candidate's process compiled them
+    #: itself); ``lane_released_s`` (until the lane was taken again) where the lane was given up for the
+    #: compile, ``in_lane`` where it was kept.
     compiles: list[dict[str, Any]] = Field(default_factory=list)
     #: A ``compile`` job's artefacts (key -> base64 of the packed artefact), for the benchmark job's
     #: :attr:`EvalJob.seed_artifacts`.
