@@ -89,6 +89,7 @@ def emit_conv_gemm(
     py_shape: str,
     groups_py: str,
     groups: int,
+    stride_py: list[str],
 ) -> Val:
     """The implicit-GEMM kernel of convolution ``node`` (``geometry``: stride, padding, dilation C
     names per spatial dim and the group count's); ``out`` is its traced output shape."""
@@ -98,88 +99,126 @@ def emit_conv_gemm(
     xs, os_, ks = x.dims[2:], odims[2:], w.dims[2:]
     cin, cout = x.dims[1], odims[1]
     P, KV = _prod(os_), _prod(ks)
-    if transposed:
-        cin_g, cout_g = f"({cin} / {G})", w.dims[1]
-    else:
-        cin_g, cout_g = w.dims[1], f"({cout} / {G})"
-    K = f"({cin_g} * {KV})"
+    cin_g, cout_g = (f"({cin} / {G})", w.dims[1]) if transposed else (w.dims[1], f"({cout} / {G})")
     wp = L.ptr(str(w.buffer))
     xs_flat = _prod(xs)
-    knames = [f"t{d}" for d in range(nd)]
-    # the tap table of a 16-deep step of K: ci, ci's and the taps' input offset, each tap's displacement
-    nf = 2 + nd
-    kd = [f"kt[kbuf][{2 + d}][{{e}}]" for d in range(nd)]
-    invalid = "0x40000000" if transposed else "(-0x40000000)"
+    tn, on, un = [f"t{d}" for d in range(nd)], [f"o{d}" for d in range(nd)], [f"u{d}" for d in range(nd)]
+    nf = 3 + nd  # table fields: ci, input offset, flat tap, displacement per dim
+    if transposed:
+        # output phase (o mod stride) of this block: only the taps landing on whole input positions
+        # contribute, at input position u + e (u = o div stride), no division per element
+        ph_decl = _unflat_int("ph", st, [f"r{d}" for d in range(nd)])
+        counts = "".join(
+            f"    int n{d} = 0;\n    for (int q = 0; q < {ks[d]}; ++q) n{d} += (r{d} + {pd[d]} - q * {dl[d]}) % {st[d]} == 0;\n"
+            for d in range(nd)
+        )
+        head = f"""    const int ph = bz % {_prod(st)}, ng = bz / {_prod(st)}, nb = ng / {G}, g = ng - nb * {G};
+    {ph_decl}
+{counts}{"".join(f"    const int U{d} = ({os_[d]} + {st[d]} - 1) / {st[d]};{chr(10)}" for d in range(nd))}\
+    const int KVE = {_prod([f"n{d}" for d in range(nd)])}, KK = {cin_g} * KVE, PC = {_prod([f"U{d}" for d in range(nd)])};
+"""
+        scan = "".join(
+            f"""            int {t} = 0;
+            for (int q = 0, c = 0; q < {ks[d]}; ++q)
+                if ((r{d} + {pd[d]} - q * {dl[d]}) % {st[d]} == 0) {{ if (c == i{d}) {t} = q; ++c; }}
+            const int e{d} = (r{d} + {pd[d]} - {t} * {dl[d]}) / {st[d]};
+"""
+            for d, t in enumerate(tn)
+        )
+        fill_body = f"""const int ci = kq / KVE; const int rr = kq - ci * KVE;
+            {_unflat_int("rr", [f"n{d}" for d in range(nd)], [f"i{d}" for d in range(nd)])}
+{scan}            kt[kfb][0][e] = ci;
+            kt[kfb][1][e] = ci * {xs_flat} + {horner([f"e{d}" for d in range(nd)], xs)};
+            kt[kfb][2][e] = {horner(tn, ks)};
+{"".join(f"            kt[kfb][{3 + d}][e] = e{d};{chr(10)}" for d in range(nd))}"""
+        col = f"""const int j = j0 + bj;
+        {_unflat_int("j", [f"U{d}" for d in range(nd)], un)}
+        {" ".join(f"const int {o} = r{d} + {st[d]} * {u};" for d, (o, u) in enumerate(zip(on, un, strict=True)))}
+        jok = j < PC && {" && ".join(f"{o} < {os_[d]}" for d, o in enumerate(on))};
+        {" ".join(f"jb{d} = {u};" for d, u in enumerate(un))}"""
+        a_load = f"{wp}[((kf_long)(g * {cin_g} + kt[kbuf][0][tx]) * {cout_g} + m) * {KV} + kt[kbuf][2][tx]]"
+        cols = "PC"
+    else:
+        head = f"""    const int nb = bz / {G}, g = bz - nb * {G};
+    const int KK = {cin_g} * {KV};
+"""
+        fill_body = f"""const int ci = kq / {KV}; const int r = kq - ci * {KV};
+            {_unflat_int("r", ks, tn)}
+            kt[kfb][0][e] = ci;
+            kt[kfb][1][e] = ci * {xs_flat} + {horner([f"{t} * {dl[d]}" for d, t in enumerate(tn)], xs)};
+            kt[kfb][2][e] = r;
+{"".join(f"            kt[kfb][{3 + d}][e] = {t} * {dl[d]};{chr(10)}" for d, t in enumerate(tn))}"""
+        col = f"""const int j = j0 + bj;
+        jok = j < {P};
+        {_unflat_int("j", os_, on)}
+        {" ".join(f"jb{d} = {o} * {st[d]} - {pd[d]};" for d, o in enumerate(on))}"""
+        a_load = f"{wp}[(kf_long)(g * {cout_g} + m) * KK + ka]"
+        cols = P
     fill = f"""{{
             const int e = tid, kq = kfill + e;
-            const int ci = kq / {KV}; const int r = kq - ci * {KV};
-            {_unflat_int("r", ks, knames)}
-            kt[kfb][0][e] = ci;
-            kt[kfb][1][e] = ci * {xs_flat} + {horner([f"{t} * {dl[d]}" for d, t in enumerate(knames)], xs)};
-{"".join(f"            kt[kfb][{2 + d}][e] = {t} * {dl[d]};{chr(10)}" for d, t in enumerate(knames))}\
-            if (kq >= {K}) kt[kfb][2][e] = {invalid};
+            if (kq < KK) {{
+            {fill_body}            }} else kt[kfb][3][e] = -0x40000000;
         }}"""
-    # filter element (m, ka) of group g (``kbuf``'s table entry ``tx`` describes ka = k0 + tx)
-    if transposed:
-        a_load = f"{wp}[((kf_long)(g * {cin_g} + kt[kbuf][0][tx]) * {cout_g} + m) * {KV} + ka - kt[kbuf][0][tx] * {KV}]"
-    else:
-        a_load = f"{wp}[(kf_long)(g * {cout_g} + m) * {K} + ka]"
-    onames = [f"o{d}" for d in range(nd)]
-    base = [f"{o} + {pd[d]}" if transposed else f"{o} * {st[d]} - {pd[d]}" for d, o in enumerate(onames)]
-    ent = [k.format(e="kr") for k in kd]
-    chan = f"(g * {cin_g} + kt[kbuf][0][kr])"
-    if transposed:
-        ts = [f"(jb{d} - {ent[d]})" for d in range(nd)]
-        checks = " && ".join(
-            f"{t} >= 0 && {t} % {st[d]} == 0 && {t} / {st[d]} < {xs[d]}" for d, t in enumerate(ts)
-        )
-        pos = [f"({t} / {st[d]})" for d, t in enumerate(ts)]
-    else:
-        pos = [f"(jb{d} + {ent[d]})" for d in range(nd)]
-        checks = " && ".join(f"{p} >= 0 && {p} < {xs[d]}" for d, p in enumerate(pos))
-    if x.buffer is not None:
-        xp = L.ptr(x.buffer)
-        if transposed:
-            x_load = f"{xp}[(kf_long)(nb * {cin} + {chan}) * {xs_flat} + {horner(pos, xs)}]"
-        else:  # the column's base offset plus the tap's
-            x_load = f"{xp}[xb + colb + kt[kbuf][1][kr]]"
+    pos = [f"(jb{d} + kt[kbuf][{3 + d}][kr])" for d in range(nd)]
+    checks = " && ".join(f"{q} >= 0 && {q} < {xs[d]}" for d, q in enumerate(pos))
+    if x.buffer is not None:  # the column's base offset plus the tap's
+        x_load = f"{L.ptr(x.buffer)}[xb + colb + kt[kbuf][1][kr]]"
     else:  # a prologue-fused value: its loader at the (64-bit) coordinates
-        x_load = x.load(["(kf_long)nb", f"(kf_long){chan}", *[f"(kf_long){p}" for p in pos]])
+        chan = f"(g * {cin_g} + kt[kbuf][0][kr])"
+        x_load = x.load(["(kf_long)nb", f"(kf_long){chan}", *[f"(kf_long){q}" for q in pos]])
     load = f"""        #pragma unroll
         for (int l = 0; l < CM; ++l) {{
             const int m = i0 + ty + 16 * l, ka = k0 + tx;
-            ra[l] = (m < {cout_g} && ka < {K}) ? {a_load} : 0.0f;
+            ra[l] = (m < {cout_g} && ka < KK) ? {a_load} : 0.0f;
         }}
         #pragma unroll
         for (int l = 0; l < CN; ++l) {{
             const int kr = bk + l * (16 / CN);
             rb[l] = (jok && ({checks})) ? {x_load} : 0.0f;
         }}"""
-    cs = ["(kf_long)nb", "(kf_long)co", *[f"(kf_long){o}" for o in onames]]
+    cs = ["(kf_long)nb", "(kf_long)co", *[f"(kf_long){o}" for o in on]]
     epi, ctype, _ = L.epilogue(node, out, cs, "float")
     add = f" acc += {bias}[co];" if bias else ""
-    jdecomp = _unflat_int("j", os_, onames)
-    hoist_set = " ".join(f"jb{d} = {base[d]};" for d in range(nd))
+    if transposed:
+        place = f"""{_unflat_int("j", [f"U{d}" for d in range(nd)], un)}
+                {" ".join(f"const int {o} = r{d} + {st[d]} * {u};" for d, (o, u) in enumerate(zip(on, un, strict=True)))}
+                ok[c] = {" && ".join(f"{o} < {os_[d]}" for d, o in enumerate(on))};
+                yo[c] = {horner(on, os_)};"""
+    else:
+        place = f"""{_unflat_int("j", os_, on)}
+                ok[c] = 1;
+                yo[c] = j;"""
     lang = L.lang
     if lang == "opencl":
         st4 = "vstore4((float4)(v[c], v[c + 1], v[c + 2], v[c + 3]), 0, &y[yrow + j]);"
     else:
         st4 = "*reinterpret_cast<float4*>(&y[yrow + j]) = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);"
+    vec_store = (
+        ""
+        if transposed
+        else f"""#if CN >= 4
+        if ((({P}) & 3) == 0) {{
+            #pragma unroll
+            for (int c = 0; c < CN; c += 4) {{
+                const int j = j0 + KF_JCOL(c);
+                if (j < {P}) {{ {st4} }}
+            }}
+        }} else
+#endif
+"""
+    )
     text = f"""    KF_LOCAL float As[16][16 * CM + 4];
     KF_LOCAL float Bs[16][16 * CN + 4];
     KF_LOCAL int kt[2][{nf}][16];
     const int tx = KF_LID(0), ty = KF_LID(1), tid = ty * 16 + tx;
     const int j0 = (int)KF_GRP(0) * (16 * CN), i0 = (int)KF_GRP(1) * (16 * CM);
-    const int bz = (int)KF_GRP(2), nb = bz / {G}, g = bz - nb * {G};
-    const kf_long xb = (kf_long)(nb * {cin} + g * {cin_g}) * {xs_flat};
+    const int bz = (int)KF_GRP(2);
+{head}    const kf_long xb = (kf_long)(nb * {cin} + g * {cin_g}) * {xs_flat};
     // a thread loads one patch column (its position decomposed once) at CN taps, 16 / CN apart
     const int bk = tid / (16 * CN), bj = tid - bk * (16 * CN);
-    const int jok = j0 + bj < {P};
-    int colb, {", ".join(f"jb{d}" for d in range(nd))};
+    int jok, colb, {", ".join(f"jb{d}" for d in range(nd))};
     {{
-        const int j = j0 + bj;
-        {jdecomp}
-        {hoist_set}
+        {col}
         colb = {horner([f"jb{d}" for d in range(nd)], xs)};
     }}
     if (tid < 16) {{
@@ -199,17 +238,17 @@ def emit_conv_gemm(
 {load}
     }}
     int s = 0;
-    for (int k0s = 0; k0s < {K}; k0s += 16, ++s) {{
+    for (int k0s = 0; k0s < KK; k0s += 16, ++s) {{
         #pragma unroll
         for (int l = 0; l < CM; ++l) As[tx][ty + 16 * l] = ra[l];
         #pragma unroll
         for (int l = 0; l < CN; ++l) Bs[bk + l * (16 / CN)][bj] = rb[l];
-        if (tid < 16 && k0s + 16 < {K}) {{
+        if (tid < 16 && k0s + 16 < KK) {{
             const int kfill = k0s + 16, kfb = (s + 1) & 1;
             {fill}
         }}
         KF_BARRIER;
-        if (k0s + 16 < {K}) {{
+        if (k0s + 16 < KK) {{
             const int k0 = k0s + 16, kbuf = (s + 1) & 1;
 {load}
         }}
@@ -241,44 +280,42 @@ def emit_conv_gemm(
         const int co = g * {cout_g} + m;
         const kf_long yrow = ((kf_long)nb * {cout} + co) * {P};
         float v[CN];
+        int ok[CN], yo[CN];
         #pragma unroll
         for (int c = 0; c < CN; ++c) {{
             const int j = j0 + KF_JCOL(c);
             v[c] = 0.0f;
-            if (j < {P}) {{
-                {jdecomp}
-                float acc = accv[r][c];{add}
-                v[c] = {epi};
+            ok[c] = 0;
+            yo[c] = 0;
+            if (j < {cols}) {{
+                {place}
+                if (ok[c]) {{
+                    float acc = accv[r][c];{add}
+                    v[c] = {epi};
+                }}
             }}
         }}
-#if CN >= 4
-        if ((({P}) & 3) == 0) {{
+{vec_store}        {{
             #pragma unroll
-            for (int c = 0; c < CN; c += 4) {{
-                const int j = j0 + KF_JCOL(c);
-                if (j < {P}) {{ {st4} }}
-            }}
-        }} else
-#endif
-        {{
-            #pragma unroll
-            for (int c = 0; c < CN; ++c) {{
-                const int j = j0 + KF_JCOL(c);
-                if (j < {P}) y[yrow + j] = v[c];
-            }}
+            for (int c = 0; c < CN; ++c) if (ok[c]) y[yrow + yo[c]] = v[c];
         }}
     }}"""
-    jcol = "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n#else\n#define KF_JCOL(c) (tx * CN + (c))\n#endif\n"
     fma = "fmaf((a), (b), (c))" if lang == "cuda" else "((a) * (b) + (c))"
+    jcol = (
+        "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n"
+        "#else\n#define KF_JCOL(c) (tx * CN + (c))\n#endif\n"
+    )
     text = f"#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
     nk = L.nk
     L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
-    p_py = "*".join(f"{py_shape}[{2 + d}]" for d in range(nd)) or "1"
+    if transposed:
+        p_py = "*".join(f"_cdiv({py_shape}[{2 + d}], {stride_py[d]})" for d in range(nd))
+        z_py = f"{py_shape}[0] * {groups_py} * " + "*".join(stride_py)
+    else:
+        p_py = "*".join(f"{py_shape}[{2 + d}]" for d in range(nd))
+        z_py = f"{py_shape}[0] * {groups_py}"
     cg_py = f"({py_shape}[1] // {groups_py})"
-    launch = (
-        f"grid=(_cdiv({p_py}, 16 * p['CN']), _cdiv({cg_py}, 16 * p['CM']), "
-        f"{py_shape}[0] * {groups_py}), block=(16, 16, 1)"
-    )
+    launch = f"grid=(_cdiv({p_py}, 16 * p['CN']), _cdiv({cg_py}, 16 * p['CM']), {z_py}), block=(16, 16, 1)"
     L.conv_sizes.append((out[1] // groups, math.prod(out[2:]), out[0] * groups))
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)

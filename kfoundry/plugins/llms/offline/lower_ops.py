@@ -1297,7 +1297,18 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     rows = int(mod.weight.shape[1]) if transposed else int(mod.weight.shape[0]) // int(mod.groups)
     if L.fuse and rows >= lower_conv.MIN_ROWS:  # an implicit GEMM (a depthwise one stays direct)
         return lower_conv.emit_conv_gemm(
-            L, node, x, w, bias, transposed, (st, pd, dl, G), out, f"S{n}", f"{path}.groups", int(mod.groups)
+            L,
+            node,
+            x,
+            w,
+            bias,
+            transposed,
+            (st, pd, dl, G),
+            out,
+            f"S{n}",
+            f"{path}.groups",
+            int(mod.groups),
+            [f"{path}.stride[{k}]" for k in range(nd)],
         )
 
     def body(c: list[str]) -> str:
