@@ -81,4 +81,4 @@ def test_depthwise_conv_stays_direct_and_tiles_follow_the_shape() -> None:
     assert "_conv(" in fused.kernel and "_convgemm(" in fused.kernel
     square = load_problem(DATA / "level1/conv2d_square.py", {})  # 64 output channels: 64-row tiles
     coop = {r.name: r for r in gen.recipes(square.summary(), "cuda")}["graph/fused_coop"]
-    assert "convgemm" in coop.kernel and coop.defaults["CM"] == 4 and coop.defaults["CN"] == 8
+    assert "convgemm" in coop.kernel and coop.defaults["CM"] == 4 and coop.defaults["CN"] == 4

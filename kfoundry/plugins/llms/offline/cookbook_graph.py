@@ -30,13 +30,16 @@ def _register_block(mm_sizes: list[tuple[int, int]]) -> int:
 
 
 def _conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
-    """(CM, CN) of the largest implicit-GEMM convolution: 16CM rows cover its output channels per group
-    (up to 128), and 16CN columns the widest tile that still gives two tiles per SM of an H200."""
+    """(CM, CN) of the largest implicit-GEMM convolution, from the H200 sweep of session 5 (call F): up to
+    32 output channels per group 32 x 128 tiles (CM 2, CN 8), more 64 x 64 (CM 4, CN 4); narrower
+    columns where that leaves fewer than two tiles per SM."""
     rows, cols, batch = max(conv_sizes, key=lambda s: s[0] * s[1] * s[2])
-    cm = next((c for c in (1, 2, 4) if 16 * c >= rows), 8)
+    cm = 2 if rows <= 32 else 4
     tiles_m = -(-rows // (16 * cm))
-    cn = next((c for c in (8, 4) if tiles_m * -(-cols // (16 * c)) * batch >= 2 * 132), 2)
-    return cm, cn
+    for cn in (8, 4) if cm == 2 else (4,):
+        if tiles_m * -(-cols // (16 * cn)) * batch >= 2 * 132:
+            return cm, cn
+    return cm, 2
 
 
 _VARIANTS = {
