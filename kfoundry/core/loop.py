@@ -30,6 +30,7 @@ from kfoundry.core.generator import Generator
 from kfoundry.core.models import EvalRecord, Outcome
 from kfoundry.core.payloads import GenerationSummary, resolved_run_config
 from kfoundry.core.problem import Problem
+from kfoundry.core.run.ahead import PlanAhead, steady_state
 from kfoundry.core.run.budgets import Budgets
 from kfoundry.core.run.export import export_best
 from kfoundry.core.run.folder import (
@@ -145,6 +146,7 @@ class OptimizeLoop:
             self.save_state,
             self._note,
         )
+        self.ahead = PlanAhead(self.planner, config, steady_state(self.strategy))
         self.seed_record: EvalRecord | None = None
         self.progress = Progress(self.strategy.best)
 
@@ -184,6 +186,8 @@ class OptimizeLoop:
         except KfError as exc:
             self._mark_failed(str(exc))
             raise
+        finally:
+            self.ahead.close()
 
     def _mark_failed(self, why: str) -> None:
         self.state.status, self.state.stop_reason = "failed", why
@@ -231,9 +235,15 @@ class OptimizeLoop:
             if not rows:  # an LLM ensemble whose budget is spent says why in ``stop_reason``
                 why = getattr(self.generator, "stop_reason", "") or "the generator proposed nothing"
                 return Stop(StopKind.GENERATOR, why)
-            if stop := self._evaluate_rows([r for r in rows if r.record is None]):
+            pending = [r for r in rows if r.record is None]
+            self.ahead.start(g + 1, self.rows(g + 1), self.budgets.evaluations_left(), len(pending))
+            stop = self._evaluate_rows(pending)
+            planning_error = self.ahead.join()  # the strategy is told only once its asks are made
+            if stop:
                 return stop
             self._end_generation(g, rows)
+            if planning_error is not None:
+                raise planning_error
             if self.planner.llm_stop:
                 return self.planner.llm_stop
         return stop

@@ -35,6 +35,12 @@ class SearchOptions(BaseModel):
         "(intensity, hierarchy, mix, occupancy from the compiled kernel) or a list of axis names or "
         "{name, edges} tables",
     )
+    steady_state: bool = Field(
+        default=False,
+        description="plan the next generation (strategy asks, generator and language-model calls) while "
+        "this one is compiled and timed; its asks see the archive one generation stale. Only strategies "
+        "that allow it (map_elites, random_search) accept it",
+    )
     profile: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="the ncu traffic pass (achieved DRAM/L2/L1 bytes of each correct candidate, run in the "
@@ -85,6 +91,8 @@ class SearchStrategy(ABC):
     """Ask/tell search over kernels; subclasses implement :meth:`ask` and may extend :meth:`tell`."""
 
     name: str = "search"
+    #: Whether asks for the next generation may be made before this one's results are told.
+    plans_ahead: bool = True
 
     def __init__(self, options: BaseModel | None = None) -> None:
         self.options = options

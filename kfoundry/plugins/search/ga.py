@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from kfoundry import hookimpl
 from kfoundry.core.archive import fitness
@@ -29,11 +29,21 @@ class GAOptions(SearchOptions):
     crossover_rate: float = Field(default=0.4, ge=0, le=1, description="share of children from two parents")
     elitism: int = Field(default=2, ge=0, description="best kernels always kept")
 
+    @field_validator("steady_state")
+    @classmethod
+    def _no_steady_state(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "the ga strategy breeds each generation from the last one's results, so it cannot plan ahead"
+            )
+        return value
+
 
 class GeneticAlgorithm(SearchStrategy):
     """Tournament selection, crossover and mutation over a fixed-size population."""
 
     name = "ga"
+    plans_ahead = False
 
     def __init__(self, options: GAOptions | None = None) -> None:
         super().__init__(options)
