@@ -203,6 +203,27 @@ CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
     ("level1/mingpt_gelu.py", {}, "elementwise/vector_blocked", {}),  # 4995: a guarded last block
     ("level1/swish.py", {"batch_size": 3, "dim": 4099}, "elementwise/vector_blocked", {"ILP": 8}),
     ("level1/swish.py", {"batch_size": 1, "dim": 3}, "elementwise/vector_blocked", {}),  # scalars only
+    # implicit-GEMM convolution: float4 tile reads and output stores (64 positions), transposed phases
+    (
+        "level1/conv2d_square.py",
+        {"batch_size": 2, "in_channels": 3, "out_channels": 8, "height": 10, "width": 10},
+        "graph/fused_coop",
+        {"CM": 1, "CN": 4},
+    ),
+    (
+        "level1/conv_transpose2d.py",
+        {"batch_size": 1, "in_channels": 4, "out_channels": 8, "height": 5, "width": 6},
+        "graph/fused_coop",
+        {"CM": 2, "CN": 8},
+    ),
+    ("level2/conv2d_mish_mish.py", {"batch_size": 2, "height": 10, "width": 10}, "graph/fused_coop", {}),
+    # long norm rows: the split statistics' float4 loads
+    (
+        "level1/batch_norm.py",
+        {"batch_size": 2, "features": 3, "dim1": 64, "dim2": 68},
+        "graph/fused_coop",
+        {},
+    ),
 ]
 
 

@@ -5,6 +5,8 @@ output with shuffle merges, ILP elements per thread elsewhere, register-blocked 
 
 from __future__ import annotations
 
+import re
+
 from kfoundry.core.models import ParamValue, TunableSpace
 from kfoundry.plugins.llms.offline.lower import PY_HELPERS, Lowering, forward_body, init_source, kernel_source
 from kfoundry.plugins.llms.offline.recipe import Recipe
@@ -17,7 +19,33 @@ def lower(spec: OpSpec, language: str, fuse: bool, coop: bool = False) -> tuple[
     """(kernel source, forward body, the lowering: its products' and convolutions' sizes) of ``spec``'s graph."""
     low = Lowering(spec.graph, language, fuse, coop)
     sched = low.run(len(spec.input_shapes))
-    return kernel_source(sched, language, coop), forward_body(sched).replace("self.ref", "self.m0"), low
+    return (
+        kernel_source(sched, language, coop),
+        hoist_module_reads(forward_body(sched).replace("self.ref", "self.m0")),
+        low,
+    )
+
+
+_MODULE_READ = re.compile(r"self\.m0(?:\.[A-Za-z_]\w*|\[\d+\])+(?![\w(])")
+_STEP = re.compile(r"\.[A-Za-z_]\w*|\[\d+\]")
+
+
+def hoist_module_reads(forward: str) -> str:
+    """``forward`` reading each prefix of each ``self.m0...`` chain (a submodule, a parameter, a stride)
+    once, into a local, at the top: a submodule's or a parameter's read goes through
+    ``nn.Module.__getattr__``, microseconds of each call's host time."""
+    reads = list(dict.fromkeys(_MODULE_READ.findall(forward)))
+    names: dict[str, str] = {"self": "self"}
+    lines: list[str] = []
+    for read in reads:
+        prefix = "self"
+        for step in _STEP.findall(read[len("self") :]):
+            parent, prefix = prefix, prefix + step
+            if prefix not in names:
+                names[prefix] = f"_m{len(lines)}"
+                lines.append(f"{names[prefix]} = {names[parent]}{step}\n")
+    body = _MODULE_READ.sub(lambda m: names[m.group(0)], forward)
+    return "".join(lines) + body
 
 
 def _register_block(mm_sizes: list[tuple[int, int]]) -> int:
