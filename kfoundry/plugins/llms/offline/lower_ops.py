@@ -1295,7 +1295,9 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     ks = w.dims[2:]
     odims = L.shape_dims(f"S{n}", out)
     rows = int(mod.weight.shape[1]) if transposed else int(mod.weight.shape[0]) // int(mod.groups)
-    if L.fuse and rows >= lower_conv.MIN_ROWS:  # an implicit GEMM (a depthwise one stays direct)
+    phases = math.prod(mod.stride) if transposed else 1
+    z = int(x.shape[0]) * int(mod.groups) * phases  # the GEMM's grid z: at most 65535
+    if L.fuse and rows >= lower_conv.MIN_ROWS and z <= 65535:  # an implicit GEMM (depthwise stays direct)
         return lower_conv.emit_conv_gemm(
             L,
             node,
