@@ -45,3 +45,15 @@ def fast_config(tmp: Path | None = None, backend: str | None = None, **evaluatio
     if backend is not None:
         data["backend"] = {"name": backend}
     return load_config(data=data, validate_plugins=False)
+
+
+#: ``--set`` overrides that make a loop test's evaluations take milliseconds (trials stay real).
+LOOP_FAST_EVAL = [
+    "evaluation.trials=2",
+    "evaluation.target_time_s=0.02",
+    "evaluation.warmup_s=0.0",
+    "evaluation.min_repeats=3",
+    "evaluation.max_repeats=10",
+    "evaluation.rotate_bytes=0",
+    "evaluation.timeout_s=60",
+]

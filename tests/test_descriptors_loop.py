@@ -6,6 +6,7 @@ import json
 import textwrap
 
 import pytest
+from eval_helpers import LOOP_FAST_EVAL as FAST_EVAL
 
 from kfoundry.core.behaviour.llvm_ir import find_clang
 from kfoundry.core.behaviour.run import DescriptorMismatch
@@ -32,16 +33,6 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-
-FAST_EVAL = [
-    "evaluation.trials=2",
-    "evaluation.target_time_s=0.02",
-    "evaluation.warmup_s=0.0",
-    "evaluation.min_repeats=3",
-    "evaluation.max_repeats=10",
-    "evaluation.rotate_bytes=0",
-    "evaluation.timeout_s=60",
-]
 
 
 @pytest.mark.slow

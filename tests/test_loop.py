@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from eval_helpers import LOOP_FAST_EVAL as FAST_EVAL
 
 from kfoundry.core.commands.optimize import run_loop
 from kfoundry.core.loop import OptimizeLoop, new_run_dir, read_run_file, write_run_file
@@ -37,16 +38,6 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-
-FAST_EVAL = [
-    "evaluation.trials=2",
-    "evaluation.target_time_s=0.02",
-    "evaluation.warmup_s=0.0",
-    "evaluation.min_repeats=3",
-    "evaluation.max_repeats=10",
-    "evaluation.rotate_bytes=0",
-    "evaluation.timeout_s=60",
-]
 
 
 def test_loop_runs_end_to_end(kf_config, kf_problem, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from eval_helpers import LOOP_FAST_EVAL
 
 from kfoundry.core.config import ConfigError
 from kfoundry.core.generator import GenerationRequest, Generator
@@ -35,15 +36,7 @@ def get_init_inputs():
     return []
 """
 
-FAST_EVAL = [
-    "evaluation.trials=2",
-    "evaluation.target_time_s=0.02",
-    "evaluation.warmup_s=0.0",
-    "evaluation.min_repeats=3",
-    "evaluation.max_repeats=10",
-    "evaluation.rotate_bytes=0",
-    "evaluation.shape_variants=0",
-]
+FAST_EVAL = [*LOOP_FAST_EVAL, "evaluation.shape_variants=0"]
 
 
 class SlowModel(Generator):
