@@ -1354,6 +1354,30 @@ def _window(L: Lowering, sizes: list[str]) -> tuple[str, list[str]]:
     return " ".join(f"for (int {w} = 0; {w} < {k}; ++{w})" for w, k in zip(names, sizes, strict=True)), names
 
 
+def _static_window(v: Any, nd: int) -> tuple[int, ...] | None:
+    """The window's sizes where they are known ints at generation time and small enough to unroll."""
+    t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
+    if len(t) != nd or not all(isinstance(k, int) and 0 < k for k in t):
+        return None
+    return t if _prod_int(t) <= 64 else None
+
+
+def _prod_int(t: tuple[int, ...]) -> int:
+    out = 1
+    for k in t:
+        out *= k
+    return out
+
+
+def _unrolled(bounds: tuple[int, ...], inner: str, names: list[str]) -> str:
+    """``inner`` over a window unrolled to the generation-time ``bounds`` (``inner`` masks the taps past
+    the runtime sizes; the caller checks that those are within ``bounds``)."""
+    head = " ".join(
+        f'_Pragma("unroll") for (int {w} = 0; {w} < {b}; ++{w})' for w, b in zip(names, bounds, strict=True)
+    )
+    return f"{head} {{ {inner} }}"
+
+
 def _pool(
     L: Lowering,
     node: fx.Node,
@@ -1366,6 +1390,7 @@ def _pool(
     ceil: bool,
     include_pad: bool = True,
     divisor: int | None = None,
+    static_k: tuple[int, ...] | None = None,
 ) -> Val:
     x = L.tensor(_args(node)[0])
     n = L.order[node]
@@ -1383,11 +1408,29 @@ def _pool(
         pos = [f"(({oc[i]}) * {ss[i]} - {pp[i]} + ({wc[i]}) * {dd[i]})" for i in range(nd)]
         inside = " && ".join(f"{q} >= 0 && {q} < {x.dims[lead + i]}" for i, q in enumerate(pos))
         xl = x.load([*c[:lead], *pos])
+        tap = (
+            f"if ({inside}) {{ float v = {xl}; {_nan_max('acc', 'v', '>')} }}"
+            if kind == "max"
+            else f"if ({inside}) acc += {xl};"
+        )
+        if static_k is None:
+            window = f"{loops} {{ {tap} }}"
+        else:  # unrolled to the sizes known now; the generic loops where the runtime window is larger
+            # unrolled taps load from a clamped (always valid) position and mask the value: no branch, so
+            # every load of the window is in flight at once
+            dims = [x.dims[lead + i] for i in range(nd)]
+            clamp = [
+                f"(({q}) < 0 ? 0 : ({q}) >= {d} ? {d} - 1 : ({q}))" for q, d in zip(pos, dims, strict=True)
+            ]
+            guard = " && ".join(f"{w} < {k}" for w, k in zip(wc, kk, strict=True))
+            xc = x.load([*c[:lead], *clamp])
+            fill = "-INFINITY" if kind == "max" else "0.0f"
+            step = _nan_max("acc", "v", ">") if kind == "max" else "acc += v;"
+            utap = f"float v = {xc}; v = ({guard} && {inside}) ? v : {fill}; {step}"
+            fits = " && ".join(f"{k} <= {b}" for k, b in zip(kk, static_k, strict=True))
+            window = f"if ({fits}) {{ {_unrolled(static_k, utap, wc)} }} else {{ {loops} {{ {tap} }} }}"
         if kind == "max":
-            return (
-                f"float acc = -INFINITY;\n        {loops} "
-                f"{{ if ({inside}) {{ float v = {xl}; {_nan_max('acc', 'v', '>')} }} }}"
-            )
+            return f"float acc = -INFINITY;\n        {window}"
         # average: torch's divisor (window clipped to the padded input, or to the input without padding)
         lo = [f"(({oc[i]}) * {ss[i]} - {pp[i]})" for i in range(nd)]
         hi_pad = [
@@ -1405,10 +1448,7 @@ def _pool(
                 f"({lo[i]} > 0 ? {lo[i]} : 0))"
                 for i in range(nd)
             )
-        return (
-            f"float acc = 0.0f;\n        {loops} "
-            f"{{ if ({inside}) acc += {xl}; }}\n        acc = acc / ({div});"
-        )
+        return f"float acc = 0.0f;\n        {window}\n        acc = acc / ({div});"
 
     return L.emit_pointwise(out, f"S{n}", body, f"{kind}pool", node=node)
 
@@ -1430,6 +1470,7 @@ def _pool_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
             f"{path}.padding",
             f"{path}.dilation",
             bool(mod.ceil_mode),
+            static_k=_static_window(mod.kernel_size, nd),
         )
     if name.startswith("Avg"):
         assert isinstance(mod, nn.modules.pooling._AvgPoolNd)
@@ -1445,6 +1486,7 @@ def _pool_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
             bool(mod.ceil_mode),
             bool(getattr(mod, "count_include_pad", True)),
             getattr(mod, "divisor_override", None),
+            _static_window(mod.kernel_size, nd),
         )
     raise _unsupported(name)
 
@@ -1468,6 +1510,7 @@ def _pool_fn(L: Lowering, node: fx.Node) -> Val:
             repr(p),
             repr(_arg(node, 4, "dilation", 1)),
             bool(_arg(node, 5, "ceil_mode", False)),
+            static_k=_static_window(k, nd),
         )
     return _pool(
         L,
@@ -1481,6 +1524,7 @@ def _pool_fn(L: Lowering, node: fx.Node) -> Val:
         bool(_arg(node, 4, "ceil_mode", False)),
         bool(_arg(node, 5, "count_include_pad", True)),
         _arg(node, 6, "divisor_override"),
+        _static_window(k, nd),
     )
 
 
