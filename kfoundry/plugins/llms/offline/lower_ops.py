@@ -1357,7 +1357,7 @@ def _window(L: Lowering, sizes: list[str]) -> tuple[str, list[str]]:
 def _static_window(v: Any, nd: int) -> tuple[int, ...] | None:
     """The window's sizes where they are known ints at generation time and small enough to unroll."""
     t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
-    if len(t) != nd or not all(isinstance(k, int) and 0 < k for k in t):
+    if len(t) != nd or not all(isinstance(k, int) and k > 0 for k in t):
         return None
     return t if _prod_int(t) <= 64 else None
 
