@@ -156,3 +156,28 @@ def test_plugin_registration(kf_plugin_manager) -> None:  # type: ignore[no-unty
     assert isinstance(backend, CudaBackend) and backend.language == "cuda"
     with pytest.raises(ValueError):
         spec.build({"compiller": "nvrtc"})
+
+
+def test_argument_packing_without_a_device() -> None:
+    """Launch arguments are packed by the parameter's size; an int that does not fit is refused, not wrapped."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    from kfoundry.plugins.backends.cuda_launch import CudaLaunchError, _pack_all
+
+    packed = _pack_all((7, -3, 2**40, 1.5, np.float32(2.0), True), [4, 4, 8, 4, 4, 4], torch.Tensor)
+    assert [type(p) for p in packed[:4]] == [ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_float]
+    assert [p.value for p in packed[:4]] == [7, -3, 2**40, 1.5]
+    assert bytes(packed[4]) == np.float32(2.0).tobytes()
+    assert packed[5].value == 1
+    assert _pack_all((2**32 - 1,), [4], torch.Tensor)[0].value == -1  # unsigned spelling: same bits
+    with pytest.raises(CudaLaunchError, match="argument 0: 4294967296 does not fit a 4-byte parameter"):
+        _pack_all((2**32,), [4], torch.Tensor)
+    with pytest.raises(CudaLaunchError, match="argument 1: -129 does not fit a 1-byte parameter"):
+        _pack_all((1, -129), [4, 1], torch.Tensor)
+    with pytest.raises(CudaLaunchError, match="argument 0: a cpu tensor"):
+        _pack_all((torch.zeros(2),), [8], torch.Tensor)
+    with pytest.raises(CudaLaunchError, match="argument 0: an int for a 3-byte parameter"):
+        _pack_all((1,), [3], torch.Tensor)

@@ -135,6 +135,28 @@ class PrimaryContext:
         self._local.current = True
 
 
+_INT_KINDS: dict[int, type[ctypes._SimpleCData]] = {
+    1: ctypes.c_int8,
+    2: ctypes.c_int16,
+    4: ctypes.c_int32,
+    8: ctypes.c_int64,
+}
+#: The range a Python int must fit for a parameter of each size (signed or unsigned spelling).
+_INT_RANGE = {n: (-(1 << (8 * n - 1)), (1 << (8 * n)) - 1) for n in _INT_KINDS}
+
+
+def _int_arg(value: int, size: int | None, position: int) -> ctypes._SimpleCData:
+    """A Python int as a ``size``-byte integer; one that does not fit is refused, never wrapped."""
+    size = size or 4
+    kind = _INT_KINDS.get(size)
+    if kind is None:
+        raise CudaLaunchError(f"argument {position}: an int for a {size}-byte parameter")
+    low, high = _INT_RANGE[size]
+    if not low <= value <= high:
+        raise CudaLaunchError(f"argument {position}: {value} does not fit a {size}-byte parameter")
+    return kind(value)
+
+
 def _pack(value: Any, size: int | None, position: int) -> ctypes._SimpleCData | ctypes.Array[Any]:
     """One kernel argument as a ctypes object of the parameter's size."""
     import numpy as np
@@ -158,10 +180,7 @@ def _pack(value: Any, size: int | None, position: int) -> ctypes._SimpleCData | 
     if isinstance(value, bool):
         return {1: ctypes.c_uint8, 8: ctypes.c_uint64}.get(size or 4, ctypes.c_int32)(int(value))
     if isinstance(value, int):
-        kinds = {1: ctypes.c_int8, 2: ctypes.c_int16, 4: ctypes.c_int32, 8: ctypes.c_int64}
-        if size is not None and size not in kinds:
-            raise CudaLaunchError(f"argument {position}: an int for a {size}-byte parameter")
-        return kinds[size or 4](value)
+        return _int_arg(value, size, position)
     if isinstance(value, float):
         if size == 2:
             return (ctypes.c_char * 2).from_buffer_copy(np.float16(value).tobytes())
@@ -231,7 +250,7 @@ class CudaKernel:
         sizes = self.param_sizes
         if sizes is not None and len(args) != len(sizes):
             raise CudaLaunchError(f"kernel {self.name} takes {len(sizes)} arguments, got {len(args)}")
-        packed = [_pack(a, sizes[i] if sizes is not None else None, i) for i, a in enumerate(args)]
+        packed = _pack_all(args, sizes, torch.Tensor)
         pointers = (ctypes.c_void_p * max(1, len(packed)))(*[ctypes.addressof(p) for p in packed])
         gx, gy, gz = _dims(grid, "grid")
         bx, by, bz = _dims(block, "block")
@@ -243,13 +262,50 @@ class CudaKernel:
             )
             self._dynamic_shared_limit = int(shared_mem)
         if stream is None:
-            stream = torch.cuda.current_stream(self._program.context.index).cuda_stream
-        handle = stream if isinstance(stream, drv.CUstream) else drv.CUstream(int(stream))
+            stream = _current_stream(torch, self._program.context.index)
+        handle = stream if isinstance(stream, drv.CUstream) else _stream_handle(drv, int(stream))
         params = ctypes.addressof(pointers) if packed else 0
         check(
             drv.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, int(shared_mem), handle, params, 0),
             f"launching {self.name}",
         )
+
+
+def _pack_all(args: tuple[Any, ...], sizes: list[int] | None, tensor: Any) -> list[Any]:
+    """Every argument packed; device tensors and fitting ints (nearly all of them) without the
+    general path's checks, which a launch of a small kernel would otherwise spend most of its time on."""
+    packed: list[Any] = []
+    for i, a in enumerate(args):
+        size = sizes[i] if sizes is not None else None
+        kind = type(a)
+        if kind is int and size in (4, 8):
+            packed.append(_int_arg(a, size, i))
+        elif isinstance(a, tensor) and a.is_cuda and size in (None, 8):
+            packed.append(ctypes.c_uint64(a.data_ptr()))
+        else:
+            packed.append(_pack(a, size, i))
+    return packed
+
+
+def _current_stream(torch: Any, index: int) -> int:
+    """PyTorch's current stream on device ``index`` as a raw handle (the C call Inductor's launchers use)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
+_STREAMS: dict[int, Any] = {}
+
+
+def _stream_handle(drv: Any, raw: int) -> Any:
+    """The driver's ``CUstream`` for a raw handle, made once per stream."""
+    handle = _STREAMS.get(raw)
+    if handle is None:
+        if len(_STREAMS) > 256:  # streams come and go in a long process: keep the table small
+            _STREAMS.clear()
+        handle = _STREAMS[raw] = drv.CUstream(raw)
+    return handle
 
 
 class LoadedProgram:
