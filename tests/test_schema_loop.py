@@ -63,6 +63,24 @@ def test_budget_stops_are_typed(tmp_path: Path) -> None:
         assert done.check(before_evaluation=True) is None
 
 
+def test_a_verdict_stores_the_cell_the_evaluation_placed_it_in(tmp_path: Path) -> None:
+    """Measured traffic can move a kernel from its planned cell; resume must read the moved one."""
+    with Store(tmp_path / "kf.db") as store:
+        moved = loop_db.Row(
+            generation=0, idx=0, ask=SearchAsk(), candidate=Candidate(source="a"), generator="g"
+        )
+        kept = loop_db.Row(
+            generation=0, idx=1, ask=SearchAsk(), candidate=Candidate(source="b"), generator="g"
+        )
+        moved.coords, kept.coords = (1, 2, 3), (0, 0, 1)
+        loop_db.insert_proposals(store, "r", [moved, kept])
+        moved.coords, moved.record = (3, 2, 1), _record()
+        kept.coords, kept.record = None, _record()  # no new placement: the planned cell stays
+        loop_db.save_verdict(store, "r", moved)
+        loop_db.save_verdict(store, "r", kept)
+        assert [r.coords for r in loop_db.proposals(store, "r", 0)] == [(3, 2, 1), (0, 0, 1)]
+
+
 def test_the_generator_is_chosen_by_what_its_plugin_declares(kf_plugin_manager: PluginManager) -> None:
     offline = RunConfig.model_validate({"budget": {"proposals_per_generation": 2}})
     assert not calls_language_model(offline.llms[0], kf_plugin_manager)

@@ -108,13 +108,16 @@ def insert_proposals(store: Store, run_id: str, rows: Iterable[Row]) -> None:
 
 
 def save_verdict(store: Store, run_id: str, row: Row) -> None:
-    """Complete a stored proposal with its evaluation record."""
+    """Complete a stored proposal with its evaluation record, and the cell it was placed in once
+    evaluated (measured traffic may have moved it from the planned one): resume reads that cell."""
     assert row.record is not None
     store.execute(
-        "UPDATE loop_proposals SET record=?, evaluated_at=? WHERE run_id=? AND generation=? AND idx=?",
+        "UPDATE loop_proposals SET record=?, evaluated_at=?, coords=COALESCE(?, coords)"
+        " WHERE run_id=? AND generation=? AND idx=?",
         (
             row.record.model_dump_json(),
             datetime.now(timezone.utc).isoformat(),
+            json.dumps(list(row.coords)) if row.coords else None,
             run_id,
             row.generation,
             row.idx,
