@@ -10,6 +10,7 @@ transposed by a small kernel in the same program, so every recipe reads B as [K,
 from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.cookbook_sgemm import sgemm_async
 from kfoundry.plugins.llms.offline.elementwise_ops import prelude
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
@@ -632,6 +633,9 @@ matmul({args}) {{
             description="BM x BN tile per block, TM x TN per thread in registers, double-buffered shared tiles",
         )
     )
+    if spec.M >= 16 and spec.N >= 16:  # any shape; zero-filled past M, N, K
+        head = _forward(spec, "(1, 1, 1)", "(1, 1, 1)")[0].split("\nself.prog.matmul(")[0]
+        out.append(sgemm_async(spec, pre, head))
     if spec.M >= 128 and spec.N >= 128:  # at least a 128 x 128 tile at the traced shape
         out.append(_sgemm_128(spec, pre, args, tiled))
         if spec.M * spec.N <= 64 * 128 * 128 and spec.K >= 2048:  # few tiles, long K
