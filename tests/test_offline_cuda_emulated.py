@@ -5,7 +5,8 @@
 barrier, ``__shared__`` a static (blocks run one after another). :func:`emu_load` stands in for
 ``kfoundry.runtime.load``: it compiles the kernel source with that header into a shared library and
 launches kernels through ctypes on CPU tensors, so a rendered ``ModelNew`` runs unchanged and is
-compared with the eager reference. Cluster kernels (distributed shared memory) are not emulated.
+compared with the eager reference. Cluster kernels (distributed shared memory) run
+where they choose clusters of one block.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ static dim3 blockDim, gridDim;
 static std::barrier<>* g_bar = nullptr;
 static std::vector<std::barrier<>*> g_wbar;
 static float g_xf[1024]; static long long g_xl[1024];
-static unsigned char g_dyn[256 * 1024];
+alignas(16) static unsigned char g_dyn[256 * 1024];
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -84,6 +85,14 @@ static inline long long __shfl_xor_sync(unsigned, long long v, int o) { return e
 static inline float __shfl_up_sync(unsigned, float v, int o) { int l = emu_tid() & 31; float r = emu_xchg_f(v, l >= o ? l - o : l); return r; }
 static inline float __shfl_sync(unsigned, float v, int s) { return emu_xchg_f(v, s); }
 #define __int_as_float(i) (INFINITY)
+// clusters of one block only (the tests pick shapes where the recipes choose CL 1): rank 0, the cluster's
+// shared memory the block's own, the cluster barrier the block's
+#define __cluster_dims__(...)
+static inline unsigned __clusterRelativeBlockRank() { return 0; }
+template <class T> static inline T* __cluster_map_shared_rank(T* p, unsigned) { return p; }
+#define __cluster_barrier_arrive() g_bar->arrive_and_wait()
+#define __cluster_barrier_wait() ((void)0)
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static void emu_launch(dim3 g, dim3 b, const std::function<void()>& fn) {
     gridDim = g; blockDim = b;
     unsigned n = b.x * b.y * b.z;
@@ -160,6 +169,12 @@ def emu_load(
             f'extern "C" void launch_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
             f"unsigned bz{decl}) {{ emu_launch({{gx, gy, gz}}, {{bx, by, bz}}, [=]() {{ {name}({cast}); }}); }}"
         )
+    # dynamic shared memory: the emulation's one buffer (blocks run one after another)
+    source = re.sub(
+        r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
+        r"\1* \2 = reinterpret_cast<\1*>(g_dyn);",
+        source,
+    )
     full = EMU_H + defs + source + "\n" + "\n".join(wrappers) + "\n"
     cache = Path(tempfile.gettempdir()) / "kfoundry_cuda_emu"
     cache.mkdir(exist_ok=True)
@@ -251,3 +266,51 @@ def test_cuda_variant_matches_eager_on_the_cpu_emulation(
         got = model(*inputs)
     assert got.shape == expected.shape
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+#: (problem, shape, recipe, parameters) of the persistent cluster kernel at clusters of one block: more rows
+#: than the persistent grid's clusters (each takes rows from the atomic counter while it writes the last),
+#: rows of fewer float4 than the block's threads, and of two batches of UNROLL loads per thread.
+STREAM_CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
+    ("level1/softmax_rows.py", {"batch_size": 300, "dim": 200}, "softmax/cluster_stream", {"BLOCK": 64}),
+    (
+        "level1/log_softmax_rows.py",
+        {"batch_size": 300, "dim": 2000},
+        "log_softmax/cluster_stream",
+        {"BLOCK": 64, "UNROLL": 4},
+    ),
+    (
+        "level1/layer_norm_module.py",
+        {"batch_size": 300, "features": 4, "dim1": 5, "dim2": 12},
+        "layer_norm/cluster_stream",
+        {"BLOCK": 64, "UNROLL": 4},
+    ),
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize(
+    ("key", "shape", "name", "params"), STREAM_CASES, ids=[f"{c[0]}-{c[2]}" for c in STREAM_CASES]
+)
+def test_persistent_cluster_rows_match_eager_on_the_cpu_emulation(
+    key: str, shape: dict[str, int], name: str, params: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "load", emu_load)
+    problem = load_problem(DATA / key, shape)
+    recipe = next(r for r in OfflineGenerator().recipes(problem.summary(), "cuda") if r.name == name)
+    source = recipe.render()
+    assert "\n_SMS = 132\n" in source
+    source = source.replace("\n_SMS = 132\n", "\n_SMS = 2\n")  # a 2-SM GPU: 300 rows over 64 clusters
+    torch.manual_seed(0)
+    reference = problem.make_reference()
+    inputs = problem.make_inputs(1)
+    with torch.no_grad():
+        expected = reference(*inputs)
+    namespace: dict[str, Any] = {"PARAMS": {**recipe.defaults, **params}, "__name__": "kf_candidate"}
+    exec(compile(source, recipe.name, "exec"), namespace)
+    assert namespace["_cluster"](300, inputs[0][0].numel()) == 1  # type: ignore[operator]
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    with torch.no_grad():
+        got = model(*inputs)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

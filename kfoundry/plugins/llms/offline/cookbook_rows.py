@@ -574,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner
             if (cc < ROW_LEN / 4) {{
                 float4 q = __ldg(xr4 + cc);
                 cache[c] = q;
-                float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc}
+                {op.acc4}
             }}
         }}
     }} else {{
@@ -623,6 +623,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner
     )
     if not op.reduce:
         out.append(_cluster_rows(spec, op, sig, warp))
+        out.append(_cluster_stream(spec, op, sig, warp))
     return out
 
 
@@ -658,7 +659,7 @@ def _cluster_rows(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
     remote = " ".join(
         f"float {n}_o = *static_cast<float*>(__cluster_map_shared_rank(&part_{n}, rk));" for n in names
     )
-    acc4 = f"float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc}"
+    acc4 = op.acc4
     out4 = (
         f"float x; int j = j0; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
         f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
@@ -738,6 +739,160 @@ return y
         preamble=_CLUSTER_PY,
         description="a cluster of blocks per row, the row in shared memory, statistics merged through "
         "distributed shared memory: one read and one write",
+    )
+
+
+def _cluster_stream(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
+    """Persistent clusters of CL blocks (sm_90), each block holding its CL-th of a row in shared memory
+    (its float4 slots private to the thread that loads them). A cluster takes rows one after another
+    (the first from its grid index, then from an atomic counter): while it writes row r from shared
+    memory it already loads row r + 1 into the slots it frees, UNROLL float4 loads in flight per thread, so
+    reads and writes overlap and the row is read once. One cluster barrier per row: the row's partial
+    statistics (and the next row's number) sit in double-buffered shared slots read through distributed
+    shared memory. Rows that do not split into float4 chunks of at most 200 KB run the warp kernel."""
+    names = [n for n, _ in op.stats]
+    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
+    shared = "\n    ".join(f"__shared__ float sh_{n}[32]; __shared__ float part_{n}[2];" for n in names)
+    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
+    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
+    bc_w = " ".join(f"part_{n}[buf] = {n};" for n in names)
+    remote = " ".join(
+        f"float {n}_o = *static_cast<float*>(__cluster_map_shared_rank(&part_{n}[buf], rk));" for n in names
+    )
+    out4 = (
+        f"{{ float x; int j = j0; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
+        f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out}; }}"
+    )
+    csig = sig.replace("int inner", "int inner, int* __restrict__ counter")
+    kernel = f"""{warp.replace("void rows(", "void rows_warp(")}
+// ROW_LEN (the row length), CL (blocks per row), BLOCK and UNROLL are defined when the program is built
+#define NWARPS (BLOCK / 32)
+#define CHUNK (ROW_LEN / CL)
+#define NV4 (CHUNK / 4)
+#define PER ((NV4 + BLOCK - 1) / BLOCK)
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(BLOCK) rows({csig}) {{
+    extern __shared__ float4 kf_chunk[];
+    {shared}
+    __shared__ int sh_next[2];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned rank = __clusterRelativeBlockRank();
+    int row = blockIdx.y;  // the same for every block of the cluster
+    if (row >= outer) return;
+    {op.declare()}
+    {{
+        const float4* xr4 = reinterpret_cast<const float4*>(X + (size_t)row * ROW_LEN + (size_t)rank * CHUNK);
+        #pragma unroll
+        for (int k0 = 0; k0 < PER; k0 += UNROLL) {{
+            float4 qn[UNROLL];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {{
+                const int c = threadIdx.x + (k0 + u) * BLOCK;
+                if (k0 + u < PER && c < NV4) qn[u] = __ldg(xr4 + c);
+            }}
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {{
+                const int c = threadIdx.x + (k0 + u) * BLOCK;
+                if (k0 + u < PER && c < NV4) {{ const float4 q = qn[u]; kf_chunk[c] = q; {op.acc4} }}
+            }}
+        }}
+    }}
+    for (int buf = 0;; buf ^= 1) {{
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+        if (lane == 0) {{ {save_w} }}
+        __syncthreads();
+        if (warp == 0) {{
+            {load_w}
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+            if (lane == 0) {{ {bc_w} }}
+        }}
+        if (rank == 0 && threadIdx.x == 0) sh_next[buf] = (int)gridDim.y + atomicAdd(counter, 1);
+        // partials (and the next row) visible to the cluster; a slot written here is rewritten two rows
+        // on, after every block has passed the next barrier, so after every read of it
+        __cluster_barrier_arrive();
+        __cluster_barrier_wait();
+        {{
+            {op.declare()}
+            #pragma unroll
+            for (int rk = 0; rk < CL; ++rk) {{ {remote} {op.merge} }}
+            const int next = *static_cast<int*>(__cluster_map_shared_rank(&sh_next[buf], 0));
+            const bool more = next < outer;
+            {op.final}
+            float4* yr4 = reinterpret_cast<float4*>(Y + (size_t)row * ROW_LEN + (size_t)rank * CHUNK);
+            const float4* xn4 = reinterpret_cast<const float4*>(X + (size_t)(more ? next : row) * ROW_LEN + (size_t)rank * CHUNK);
+            {{
+                {" ".join(f"{n}_s = {init};" for n, init in op.stats)}
+            }}
+            #pragma unroll
+            for (int k0 = 0; k0 < PER; k0 += UNROLL) {{
+                float4 qn[UNROLL];
+                #pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {{  // the next row's loads first: in flight while this row is written
+                    const int c = threadIdx.x + (k0 + u) * BLOCK;
+                    if (more && k0 + u < PER && c < NV4) qn[u] = __ldg(xn4 + c);
+                }}
+                #pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {{
+                    const int c = threadIdx.x + (k0 + u) * BLOCK;
+                    if (k0 + u < PER && c < NV4) {{
+                        float4 q = kf_chunk[c];
+                        const int j0 = (int)(rank * CHUNK) + c * 4;
+                        {out4}
+                        yr4[c] = q;
+                        if (more) {{
+                            q = qn[u];
+                            kf_chunk[c] = q;
+                            {{ {" ".join(f"float {n} = {n}_s;" for n in names)} {op.acc4} {" ".join(f"{n}_s = {n};" for n in names)} }}
+                        }}
+                    }}
+                }}
+            }}
+            if (!more) break;
+            row = next;
+        }}
+        {" ".join(f"{n} = {n}_s;" for n in names)}
+    }}
+    __cluster_barrier_arrive();  // no block leaves while another may still read its shared memory
+    __cluster_barrier_wait();
+}}
+"""
+    # the next row's statistics live in <name>_s (declared once, outside the row loop)
+    kernel = kernel.replace(
+        "    __shared__ int sh_next[2];\n",
+        "    __shared__ int sh_next[2];\n    " + op.declare("_s") + "\n",
+        1,
+    )
+    wb = "self.m0.weight, self.m0.bias, " if spec.affine else ""
+    forward = f"""
+{_dims(spec)}
+cl = _cluster(outer, R)
+if cl and _aligned(x, y):
+    counter = torch.zeros(1, dtype=torch.int32, device=x.device)
+    prog = self._program(ROW_LEN=R, CL=cl, UNROLL=p['UNROLL'])
+    per_sm = max(1, min(2048 // p['BLOCK'], 227 * 1024 // (R // cl * 4 + 1024)))  # resident blocks per SM
+    prog.rows(x, {wb}y, outer, R, inner, counter, grid=(cl, max(1, min(outer, 65535, _SMS * per_sm // cl)), 1), block=(p['BLOCK'], 1, 1), shared_mem=R // cl * 4)
+else:
+    self._program(ROW_LEN=4, CL=1, UNROLL=1).rows_warp(x, {wb}y, outer, R, inner, int(R % 4 == 0 and _aligned(x)), grid=(_cdiv(outer * 32, 128), 1, 1), block=(128, 1, 1))
+return y
+"""
+    long_rows = spec.R * 4 > 64 * 1024  # a row that needs more than a block's share of an SM
+    return Recipe(
+        f"{spec.family}/cluster_stream",
+        spec.family,
+        "cuda",
+        kernel,
+        forward,
+        ["x"],
+        TunableSpace(params={"BLOCK": [256, 512, 1024], "UNROLL": [4, 8]}),
+        {"BLOCK": 512, "UNROLL": 8},
+        rank=5 if long_rows else 3,
+        modules=spec.modules,
+        lazy=True,
+        preamble=_CLUSTER_PY
+        + "\n#: the GPU's SMs (the H200's): the persistent grid holds the clusters that are resident at once\n_SMS = 132\n",
+        description="persistent clusters, a row in shared memory, the next row loaded while this one is "
+        "written: one read and one write, reads and writes overlapped",
     )
 
 
@@ -967,7 +1122,7 @@ def split_rows_vec(spec: OpSpec) -> Recipe | None:
     get = " ".join(f"float {n}_o = P[((size_t)o * split + q) * {k} + {i}];" for i, n in enumerate(names))
     bc = " ".join(f"sh_{n}[0] = {n};" for n in names)
     fetch = " ".join(f"{n} = sh_{n}[0];" for n in names)
-    acc4 = f"{{ float x; x = q.x; {op.acc} x = q.y; {op.acc} x = q.z; {op.acc} x = q.w; {op.acc} }}"
+    acc4 = op.acc4
     out4 = (
         f"float x; int j = 4 * cc; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
         f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"

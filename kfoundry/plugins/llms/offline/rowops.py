@@ -25,9 +25,21 @@ class RowOp:
     #: Reduction families write one value per row.
     reduce: bool = False
     result: str = ""
+    #: Folds the float4 ``q`` in at once ("" where four ``acc`` steps are as cheap): softmax rescales its
+    #: sum once per four elements, Welford divides once per four.
+    fold4: str = ""
 
     def declare(self, suffix: str = "") -> str:
         return " ".join(f"float {n}{suffix} = {init};" for n, init in self.stats)
+
+    @property
+    def acc4(self) -> str:
+        """A statement folding the float4 ``q`` in."""
+        if self.fold4:
+            return self.fold4
+        return (
+            f"{{ float x; x = q.x; {self.acc} x = q.y; {self.acc} x = q.z; {self.acc} x = q.w; {self.acc} }}"
+        )
 
 
 def row_op(spec: OpSpec, lang: str) -> RowOp:
@@ -48,25 +60,38 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
             f"+ running_sum_o * (running_max_o == m_new ? 1.0f : {f('exp')}(running_max_o - m_new)); "
             "running_max = m_new; }"
         )
+        # four elements: one new maximum, one rescale of the sum, four exponentials
+        mx = f("fmax")
+        terms = " + ".join(f"(q.{c} == -INFINITY ? 0.0f : {f('exp')}(q.{c} - m_new))" for c in "xyzw")
+        fold4 = (
+            f"{{ float m_new = {mx}(running_max, {mx}({mx}(q.x, q.y), {mx}(q.z, q.w))); "
+            f"running_sum = running_sum * (running_max == m_new ? 1.0f : {f('exp')}(running_max - m_new)) "
+            f"+ (({terms})); running_max = m_new; }}"
+        )
+        stats = [("running_max", "-INFINITY"), ("running_sum", "0.0f")]
         if spec.family == "softmax":
             return RowOp(
-                [("running_max", "-INFINITY"), ("running_sum", "0.0f")],
+                stats,
                 acc,
                 merge,
                 "float inv_sum = 1.0f / running_sum;",
                 f"({f('exp')}(x - running_max) * inv_sum)",
+                fold4=fold4,
             )
         return RowOp(
-            [("running_max", "-INFINITY"), ("running_sum", "0.0f")],
-            acc,
-            merge,
-            f"float lse = running_max + {f('log')}(running_sum);",
-            "(x - lse)",
+            stats, acc, merge, f"float lse = running_max + {f('log')}(running_sum);", "(x - lse)", fold4=fold4
         )
     if spec.family == "layer_norm":
         out = "((x - welford_mean) * rstd)"
         if spec.affine:
             out = f"({out} * w[j] + b[j])" if lang == "opencl" else f"fmaf({out}, w[j], b[j])"
+        # four elements: their own mean and squared deviations, merged in with one division
+        fold4 = (
+            "{ float m4 = ((q.x + q.y) + (q.z + q.w)) * 0.25f; float ax = q.x - m4, ay = q.y - m4, "
+            "az = q.z - m4, aw = q.w - m4; float s4 = (ax * ax + ay * ay) + (az * az + aw * aw); "
+            "float nt = welford_n + 4.0f; float d = m4 - welford_mean; float k = 4.0f / nt; "
+            "welford_mean += d * k; welford_m2 += s4 + d * d * (welford_n * k); welford_n = nt; }"
+        )
         return RowOp(
             [("welford_n", "0.0f"), ("welford_mean", "0.0f"), ("welford_m2", "0.0f")],
             "{ welford_n += 1.0f; float d = x - welford_mean; welford_mean += d / welford_n; "
@@ -76,6 +101,7 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
             "welford_n = nt; }",
             f"float rstd = {f('rsqrt')}(welford_m2 / {R} + {eps});",
             out,
+            fold4=fold4,
         )
     if spec.family == "rms_norm":
         acc = "sumsq += x * x;" if lang == "opencl" else "sumsq = fmaf(x, x, sumsq);"
