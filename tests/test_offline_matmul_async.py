@@ -25,7 +25,10 @@ from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
 #: The emulation's dynamic shared memory is its static ``g_dyn`` buffer.
-_DYN = {"KF_SMEM_DECL": "float* kf_smem = reinterpret_cast<float*>(g_dyn);"}
+_DYN = {
+    "KF_SMEM_DECL": "float* kf_smem = reinterpret_cast<float*>(g_dyn);",
+    "KF_HSMEM_DECL": "unsigned short* kf_hsmem = reinterpret_cast<unsigned short*>(g_dyn);",
+}
 
 
 def _emu(source: str, defines: dict[str, Any] | None = None, build_options: list[str] | None = None) -> Any:
@@ -96,3 +99,22 @@ def test_sgemm_async_compiles_for_sm90_without_spills(params: dict[str, int], tm
     report = proc.stdout + proc.stderr
     assert "cp.async" not in report and " 0 bytes spill stores" in report, report
     assert re.search(r"Used (\d+) registers", report.split("'matmul'")[1]), report
+
+
+#: fp16/bf16 on the tensor-core recipe: ragged M and N tiles, a K tail inside a 32-deep step, two steps,
+#: and N % 8 != 0 (the scalar kernel of the same program).
+HALF_CASES: list[tuple[str, dict[str, int], dict[str, int]]] = [
+    ("level1/matmul_bf16.py", {"M": 37, "K": 24, "N": 40}, {}),
+    ("level1/square_matmul_fp16.py", {"N": 48}, {"STAGES": 2, "SWZ": 0}),
+    ("level1/matmul_bf16.py", {"M": 9, "K": 16, "N": 12}, {}),
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize(("key", "shape", "params"), HALF_CASES, ids=[f"{c[0]}-{c[1]}" for c in HALF_CASES])
+def test_mma_tiles_match_eager_on_the_cpu_emulation(
+    key: str, shape: dict[str, int], params: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got, expected = run_emulated(key, shape, "matmul/mma_tiles", params, monkeypatch)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)

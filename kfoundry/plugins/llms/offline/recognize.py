@@ -53,6 +53,8 @@ class OpSpec:
     K: int = 0
     linear: bool = False
     bias: bool = False
+    #: The inputs' dtype (``float16``/``bfloat16``: tensor-core matmul recipes).
+    dtype: str = "float32"
     # row families: data viewed as [outer, R, inner], reduced over R
     outer: int = 0
     R: int = 0
@@ -174,7 +176,14 @@ class _Trace:
         if not isinstance(outs, fx.Node):
             raise GeneratorUnsupported("offline generator: the reference must return one tensor")
         self.out = outs
-        kinds = (torch.float32, torch.int64, torch.bool)
+        dtypes = {x.dtype for x in self.inputs if isinstance(x, torch.Tensor)}
+        #: fp16/bf16 problems (every tensor input of that one dtype): the matmul family only.
+        self.half = dtypes in ({torch.float16}, {torch.bfloat16})
+        kinds = (
+            (torch.float32, torch.int64, torch.bool, *dtypes)
+            if self.half
+            else (torch.float32, torch.int64, torch.bool)
+        )
         if any(
             isinstance(x, bool)
             or not isinstance(x, torch.Tensor | int | float)
@@ -241,7 +250,8 @@ def recognize(problem: ProblemSummary) -> OpSpec:
     anchors = [n for n in t.nodes if node_expr(n, t.gm, lambda a: "x", "opencl") is None]
     anchors = [n for n in anchors if not (n.op == "call_function" and n.target is operator.getitem)]
     refusal: GeneratorUnsupported | None = None
-    for recognizer in (_elementwise, _matmul, _rows, _rms_norm, _depthwise, _rotary) if t.float_only else ():
+    families = (_elementwise, _matmul, _rows, _rms_norm, _depthwise, _rotary)
+    for recognizer in families if t.float_only else (_matmul,) if t.half else ():
         try:
             spec = recognizer(t, anchors)
             if spec is not None:
@@ -249,6 +259,8 @@ def recognize(problem: ProblemSummary) -> OpSpec:
                 return spec
         except GeneratorUnsupported as exc:
             refusal = refusal or exc
+    if t.half:
+        raise refusal or GeneratorUnsupported("offline generator: fp16/bf16 problems: a matrix product only")
     try:
         return _graph(t)
     except GeneratorUnsupported as exc:
@@ -331,6 +343,8 @@ def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     )
     if not (is_linear or is_mm):
         return None
+    if is_linear and t.half:
+        raise GeneratorUnsupported("offline generator: fp16/bf16 linear layers are not in the cookbook")
     if is_linear and mod is None:
         raise GeneratorUnsupported("offline generator: F.linear with explicit weights is not in the cookbook")
     a_node = node.args[0]
@@ -362,6 +376,7 @@ def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         K=K,
         linear=is_linear,
         bias=bool(is_linear and mod is not None and mod.bias is not None),
+        dtype=str(t.inputs[0].dtype).removeprefix("torch."),
         modules=t.ctors(),
         param_module=str(node.target) if is_linear else "",
     )
