@@ -40,6 +40,7 @@ typedef uchar kf_bool;
 #define KF_BARRIER barrier(CLK_LOCAL_MEM_FENCE)
 #define KF_LID(d) ((int)get_local_id(d))
 #define KF_GRP(d) ((kf_long)get_group_id(d))
+#define KF_STORE4(p, i, a, b, c, d) vstore4((float4)((a), (b), (c), (d)), 0, (p) + (i))
 #ifndef TILE
 #define TILE 16
 #endif
@@ -58,6 +59,7 @@ typedef unsigned char kf_bool;
 #define KF_BARRIER __syncthreads()
 #define KF_LID(d) ((int)((d) == 0 ? threadIdx.x : (d) == 1 ? threadIdx.y : threadIdx.z))
 #define KF_GRP(d) ((kf_long)((d) == 0 ? blockIdx.x : (d) == 1 ? blockIdx.y : blockIdx.z))
+#define KF_STORE4(p, i, a, b, c, d) (*reinterpret_cast<float4*>((p) + (i)) = make_float4((a), (b), (c), (d)))
 #ifndef TILE
 #define TILE 16
 #endif
@@ -518,6 +520,15 @@ class Lowering:
                 f"        {inner}\n        if (kf_lane == 0) y[g] = {store};\n    }}"
             )
             return self.finish(text, final_ctype, py_shape, out, tag, f"32 * {work}")
+        if self.fuse and final_ctype == "float" and coords and not re.search(r"\b(for|while)\b", inner):
+            return self.finish(
+                self._quads(dims, coords, inner, store, total),
+                final_ctype,
+                py_shape,
+                out,
+                tag,
+                f"_cdiv({work}, 4)",
+            )
         if self.coop:  # ILP elements per thread, a grid-stride apart (their loads in flight together)
             text = (
                 f"    const kf_long total = {total};\n"
@@ -751,6 +762,29 @@ class Lowering:
             f"        {inner}\n    }}"
         )
         return self.finish(text, final_ctype, py_shape, out, tag, work)
+
+    def _quads(self, dims: list[str], coords: list[str], inner: str, store: str, total: str) -> str:
+        """A loop-free pointwise body over four consecutive elements per work item: the coordinates are
+        decomposed once per four (where the last dimension is a multiple of 4, so the four share all but the
+        last), their loads in flight together, one 16-byte store; elsewhere one element per item."""
+        quad = decompose("g4", dims, [*coords[:-1], "kf_cq"], "total")
+        one = decompose("g", dims, coords, "total")
+        cond = f"({dims[-1]} & 3) == 0" if len(dims) > 1 else "1"
+        return (
+            f"    const kf_long total = {total};\n"
+            f"    if ({cond}) {{\n"
+            f"    for (kf_long g4 = KF_GID * 4; g4 < total; g4 += KF_GSTRIDE * 4) {{\n{quad}"
+            "        float kf_qv[4];\n        #pragma unroll\n        for (int kq = 0; kq < 4; ++kq) {\n"
+            "            const kf_long g = g4 + kq;\n            kf_qv[kq] = 0.0f;\n"
+            f"            if (g < total) {{\n            const kf_long {coords[-1]} = kf_cq + kq;\n"
+            f"            {inner}\n            kf_qv[kq] = {store};\n        }} }}\n"
+            "        if (g4 + 3 < total) KF_STORE4(y, g4, kf_qv[0], kf_qv[1], kf_qv[2], kf_qv[3]);\n"
+            "        else { y[g4] = kf_qv[0]; if (g4 + 1 < total) y[g4 + 1] = kf_qv[1]; "
+            "if (g4 + 2 < total) y[g4 + 2] = kf_qv[2]; }\n"
+            "    }\n    } else {\n"
+            f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{one}"
+            f"        {inner}\n        y[g] = {store};\n    }}\n    }}"
+        )
 
     def finish(self, text: str, ctype: str, py_shape: str, out: tuple[int, ...], tag: str, work: str) -> Val:
         ydt = "torch.int64" if ctype == "long" else "torch.float32"

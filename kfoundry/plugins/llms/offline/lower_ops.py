@@ -581,6 +581,10 @@ def reduce(
     split = op in ("sum", "mean", "max", "min") or (op == "norm" and p in (1.0, 2.0))
     if split and total_r >= SPLIT_MIN and math.prod(out) <= SPLIT_MAX_OUT:
         decl = node if pick_node is None and epilogue else None
+        if L.fuse:  # contiguous runs of a buffer: work-groups of 128-bit loads per piece
+            blocked = lower_stats.block_reduce(L, decl, src, op, p, tag, out, dims, divide_by)
+            if blocked is not None:
+                return blocked
         count_py = " * ".join(f"{S}[{k}]" for k in dims) or "1"
         return _split_reduce(L, src, op, p, tag, out, count, count_py, in_coords, divide_by, decl)
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from kfoundry.plugins.llms.offline.lower import Val, horner
+from kfoundry.plugins.llms.offline.elementwise_ops import fn
+from kfoundry.plugins.llms.offline.lower import Val, decompose, horner
 
 if TYPE_CHECKING:
     from kfoundry.plugins.llms.offline.lower import Lowering
@@ -67,7 +68,8 @@ def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tupl
     KF_G const float* p = {xp} + (b * {mid} + row) * {inner} + c0;
     float s1 = 0.0f, s2 = 0.0f;
     if (({inner} & 3) == 0) {{
-        for (int i = t; i < len / 4; i += BLOCK) {{
+        #pragma unroll 4
+        for (int i = t; i < len / 4; i += BLOCK) {{  // a piece is 4 float4 per thread at BLOCK 256: in flight together
             {v4}
             const float d0 = v.x - shift, d1 = v.y - shift, d2 = v.z - shift, d3 = v.w - shift;
             s1 += (d0 + d1) + (d2 + d3);
@@ -114,3 +116,108 @@ def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tupl
     mu = L.emit_pointwise(kept, f"S{n}st", lambda c: fold(c, "mean"), "mean")
     var = L.emit_pointwise(kept, f"S{n}st", lambda c: fold(c, "var"), "var")
     return mu, var
+
+
+#: Elements of one output's contiguous run that a work-group of the block reduction folds.
+RUN_PIECE = 16384
+
+_COMBINE = {
+    "add": ("0.0f", "{a} += {b};"),
+    "max": ("-INFINITY", "{a} = ({b} > {a} || {b} != {b}) ? {b} : {a};"),
+    "min": ("INFINITY", "{a} = ({b} < {a} || {b} != {b}) ? {b} : {a};"),
+}
+
+
+def block_reduce(
+    L: Lowering,
+    node: fx.Node | None,
+    src: Val,
+    op: str,
+    p: float,
+    tag: str,
+    out: tuple[int, ...],
+    dims: list[int],
+    divide_by: str,
+) -> Val | None:
+    """sum / mean / max / min / L1 and L2 norm of a buffer over its trailing dims (each output one
+    contiguous run) in two kernels: work-groups fold pieces of :data:`RUN_PIECE` elements (128-bit loads,
+    four in flight per work item, a local-memory tree), then a work-group per output folds its pieces
+    the same way and applies the epilogue. None where ``src`` is not such a buffer (the caller's path)."""
+    nd = len(src.shape)
+    if src.buffer is None or not dims or dims != list(range(nd - len(dims), nd)):
+        return None
+    if op not in ("sum", "mean", "max", "min") and not (op == "norm" and p in (1.0, 2.0)):
+        return None
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    kind = op if op in ("max", "min") else "add"
+    init, comb = _COMBINE[kind]
+    term = {"norm": (lambda v: f"({v}) * ({v})") if p == 2.0 else (lambda v: f"{f('fabs')}({v})")}.get(
+        op, lambda v: v
+    )
+    S = src.py_shape
+    s = nd - len(dims)
+    L.fwd(
+        f"T{tag} = (_prod({S}[:{s}]), _prod({S}[{s}:]), _cdiv(_prod({S}[{s}:]), {RUN_PIECE}), "
+        f"int(_prod({S}[{s}:]) % 4 == 0 and {src.buffer}.data_ptr() % 16 == 0))"
+    )
+    outs, run, pp, vec = (L.sym(f"T{tag}[{k}]") for k in range(4))
+    xp = L.ptr(src.buffer)
+    v4 = (
+        "const float4 v = vload4(i, p);"
+        if L.lang == "opencl"
+        else "const float4 v = reinterpret_cast<const float4*>(p)[i];"
+    )
+    fold4 = " ".join(comb.format(a="s", b=f"({term(f'v.{c}')})") for c in "xyzw")
+    tree = f"""    kf_r[t] = s;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+        if (t < o) {{ {comb.format(a="kf_r[t]", b="kf_r[t + o]")} }}
+        KF_BARRIER;
+    }}"""
+    text = f"""    KF_LOCAL float kf_r[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long blk = KF_GRP(0), row = blk / {pp}, c0 = (blk - row * {pp}) * {RUN_PIECE};
+    const kf_long left = (kf_long){run} - c0;
+    const int len = (int)(left < {RUN_PIECE} ? left : {RUN_PIECE});
+    KF_G const float* p = {xp} + row * (kf_long){run} + c0;
+    float s = {init};
+    if ({vec}) {{
+        #pragma unroll 4
+        for (int i = t; i < len / 4; i += BLOCK) {{ {v4} {fold4} }}
+    }} else {{
+        for (int i = t; i < len; i += BLOCK) {{ const float v = p[i]; {comb.format(a="s", b=f"({term('v')})")} }}
+    }}
+{tree}
+    if (t == 0) y[blk] = kf_r[0];"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(T{tag}[0] * T{tag}[2], dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, T{tag}[0] * T{tag}[2]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    parts = L.ptr(L.kernel(text, "float", "", f"{op}piece", launch_dims=launch))
+    L.fwd(L.sched.kernels[-1].launch)
+    odims = L.shape_dims(f"S{tag}", out)
+    coords = [f"c{k}" for k in range(len(out))]
+    store, ctype, _ = L.epilogue(node, out, coords, "float")
+    decomp = decompose("row", odims, coords, outs) if out else ""
+    fin = ""
+    if op == "mean":
+        fin += f" acc = acc / (float)({run});"
+    if op == "norm" and p == 2.0:
+        fin += f" acc = {f('sqrt')}(acc);"
+    if divide_by:
+        fin += f" acc = acc / (float)({divide_by});"
+    text = f"""    KF_LOCAL float kf_r[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long row = KF_GRP(0);
+    float s = {init};
+    for (kf_long i = t; i < {pp}; i += BLOCK) {{ const float v = {parts}[row * {pp} + i]; {comb.format(a="s", b="v")} }}
+{tree}
+    if (t == 0) {{
+{decomp}        float acc = kf_r[0];{fin}
+        y[row] = {store};
+    }}"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(S{tag}, dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, T{tag}[0]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, ctype, "", op, launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, out, f"S{tag}", ctype)
