@@ -68,6 +68,8 @@ CASES: list[tuple[str, dict[str, int], dict[str, int]]] = [
     ),
     # one tile, long K: split over grid z into a workspace, slices added by matmul_sum
     ("level1/matmul_large_k.py", {"M": 128, "N": 128, "K": 2048}, {"BK": 32, "STAGES": 4, "MINB": 1}),
+    # [batch, M, K] @ [K, N] as one GEMM over batch * M rows
+    ("level1/matmul_3d_2d.py", {"N": 3, "M": 50, "K": 24, "L": 36}, {}),
     # nn.Linear (weight transposed first) + bias + swish * scale epilogue
     ("level2/gemm_swish_scaling.py", {"batch_size": 40, "in_features": 48, "out_features": 136}, {}),
 ]

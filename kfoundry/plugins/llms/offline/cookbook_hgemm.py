@@ -250,9 +250,10 @@ def _dtype_define(spec: OpSpec) -> dict[str, int]:
     return {"HALF_BF16": int(spec.dtype == "bfloat16")}
 
 
-_HEAD = """M, K = a.shape
+_HEAD = """K = a.shape[-1]
+M = a.numel() // K
 N = b.shape[1]
-c = torch.empty((M, N), dtype=a.dtype, device=a.device)"""
+c = torch.empty((*a.shape[:-1], N), dtype=a.dtype, device=a.device)"""
 
 
 def cuda_recipes(spec: OpSpec, epilogue: str, epi: str) -> list[Recipe]:

@@ -101,9 +101,10 @@ wt = torch.empty((K, N), dtype=x.dtype, device=x.device)
 self.prog.transpose(w, wt, N, K, grid=(_cdiv(K, 16), _cdiv(N, 16), 1), block=(16, 16, 1))
 c = torch.empty((M, N), dtype=x.dtype, device=x.device)"""
         return f"{head}\n{call}\nreturn c\n", ["x"]
-    head = """M, K = a.shape
+    head = """K = a.shape[-1]
+M = a.numel() // K
 N = b.shape[1]
-c = torch.empty((M, N), dtype=a.dtype, device=a.device)"""
+c = torch.empty((*a.shape[:-1], N), dtype=a.dtype, device=a.device)"""
     return f"{head}\n{call}\nreturn c\n", ["a", "b"]
 
 

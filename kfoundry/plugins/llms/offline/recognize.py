@@ -362,14 +362,15 @@ def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         if not (isinstance(b_node, fx.Node) and b_node.op == "placeholder") or len(t.placeholders) != 2:
             raise GeneratorUnsupported("offline generator: the matmul's inputs must be forward arguments")
         b_shape = t.shape(b_node)
-        if len(a) != 2 or len(b_shape) != 2 or (a_node, b_node) != tuple(t.placeholders):
+        flat = len(a) == 3 and node.target in (torch.matmul, operator.matmul)  # [.., M, K] @ [K, N]: one GEMM
+        if len(a) != 2 + flat or len(b_shape) != 2 or (a_node, b_node) != tuple(t.placeholders):
             raise GeneratorUnsupported("offline generator: matmul of two 2-D inputs (A, B) only")
-        M, K, N = a[0], a[1], b_shape[1]
+        M, K, N = math.prod(a[:-1]), a[-1], b_shape[1]
     expr = (lambda lang: _expr_over(t, {node: "v"}, {node}, lang)) if t.out is not node else None
     return OpSpec(
         family="matmul",
         input_shapes=[list(x.shape) for x in t.inputs],
-        output_shape=[M, N],
+        output_shape=[*a[:-1], N],
         expr=expr,
         M=M,
         N=N,
