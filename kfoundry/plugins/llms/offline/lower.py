@@ -521,14 +521,14 @@ class Lowering:
             )
             return self.finish(text, final_ctype, py_shape, out, tag, f"32 * {work}")
         if self.fuse and final_ctype == "float" and coords and not re.search(r"\b(for|while)\b", inner):
-            return self.finish(
-                self._quads(dims, coords, inner, store, total),
-                final_ctype,
-                py_shape,
-                out,
-                tag,
-                f"_cdiv({work}, 4)",
+            # a work item per four elements where the last dimension is a multiple of 4, else per element
+            quads = (
+                f"_cdiv({work}, 4)"
+                if len(out) == 1
+                else f"(_cdiv({work}, 4) if {py_shape}[{len(out) - 1}] % 4 == 0 else {work})"
             )
+            text = self._quads(dims, coords, inner, store, total)
+            return self.finish(text, final_ctype, py_shape, out, tag, quads)
         if self.coop:  # ILP elements per thread, a grid-stride apart (their loads in flight together)
             text = (
                 f"    const kf_long total = {total};\n"
