@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kfoundry.core.behaviour.measure import measure_cuda, measure_hip, measure_opencl
+from kfoundry.core.behaviour.measure_sycl import measure_sycl
 from kfoundry.core.descriptors import (
     PatternDescriptors,
     cuda_descriptors,
@@ -33,7 +34,10 @@ _BUILDERS: dict[str, tuple[Callable[[], PatternDescriptors], str]] = {
         lambda: hip_descriptors(measure_hip),
         "HIP: static patterns; measured from the AMDGPU code object",
     ),
-    "sycl": (lambda: sycl_descriptors(), "SYCL: static patterns (measured axes from them)"),
+    "sycl": (
+        lambda: sycl_descriptors(measure_sycl),
+        "SYCL: static patterns; measured from the runtime's SPIR-V and kernel info",
+    ),
 }
 
 

@@ -60,7 +60,7 @@ from kfoundry.core.plugins import NoOptions
 from kfoundry.plugins.backends.launch import Dims, KernelLauncher, LaunchError, QueueBackend
 from kfoundry.plugins.backends.sycl_launch import Marshalled, Program, geometry, marshal
 from kfoundry.plugins.backends.sycl_runtime import INSTALL_HINT, profile_of, runtime, unavailable_reason
-from kfoundry.plugins.backends.sycl_shim import message
+from kfoundry.plugins.backends.sycl_shim import image_contents, message
 from kfoundry.plugins.backends.sycl_source import (
     KernelSignature,
     Param,
@@ -179,6 +179,10 @@ class SyclBackend(QueueBackend[int]):
         if not bundle:
             raise CompileFailed(f"SYCL build failed: {first_error(log)}", log=log)
         program = Program(lib, bundle)
+        try:  # the device images' backend content (SPIR-V on the OpenCL backend): its size in the report
+            binary_bytes: int | None = sum(len(image) for image in image_contents(lib, bundle))
+        except RuntimeError:
+            binary_bytes = None
         kernels: dict[str, Any] = {}
         resources: dict[str, Any] = {}
         missing = []
@@ -193,6 +197,8 @@ class SyclBackend(QueueBackend[int]):
             program.kernels[sig.name] = handle
             lib.kf_kernel_info(ctx, handle)
             resources[sig.name] = json.loads(message(lib) or "{}")
+            if binary_bytes is not None:
+                resources[sig.name]["binary_bytes"] = binary_bytes
             num_args = resources[sig.name].get("num_args")
             plain = all(p.kind not in ("local", "unsupported", None) for p in sig.params)
             # num_args counts the lowered OpenCL arguments (an accessor becomes several): checked for plain

@@ -6,8 +6,10 @@
 // failure. After every call, kf_message() holds the error, the build log or the JSON asked for
 // (thread-local; read it before the next call on the same thread).
 #define SYCL_DISABLE_FSYCL_SYCLHPP_WARNING 1
+#include <CL/cl.h>
 #include <sycl/sycl.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -82,6 +84,26 @@ struct Context {
 struct Bundle {
   sycl::kernel_bundle<sycl::bundle_state::executable> exe;
 };
+
+thread_local std::vector<std::byte> g_content;
+
+// The local memory an OpenCL-backend kernel uses on its device (clGetKernelWorkGroupInfo; the shim links the
+// wheel's ICD loader where it has one: KF_HAVE_OPENCL); -1 where it cannot be read.
+long long opencl_local_mem(const sycl::kernel& k, const sycl::device& d) {
+#ifdef KF_HAVE_OPENCL
+  if (k.get_backend() != sycl::backend::opencl) return -1;
+  cl_kernel ck = sycl::get_native<sycl::backend::opencl>(k);  // retained for us: released below
+  cl_device_id cd = sycl::get_native<sycl::backend::opencl>(d);
+  cl_ulong bytes = 0;
+  cl_int rc = clGetKernelWorkGroupInfo(ck, cd, CL_KERNEL_LOCAL_MEM_SIZE, sizeof bytes, &bytes, nullptr);
+  clReleaseKernel(ck);
+  return rc == CL_SUCCESS ? static_cast<long long>(bytes) : -1;
+#else
+  (void)k;
+  (void)d;
+  return -1;
+#endif
+}
 
 template <int D>
 sycl::nd_range<D> make_range(const size_t* global, const size_t* local) {
@@ -292,10 +314,53 @@ int kf_kernel_info(void* handle, void* kernel) {
   field("preferred_multiple", [&] { return k->get_info<ki::preferred_work_group_size_multiple>(ctx->device); });
   field("max_sub_group_size", [&] { return k->get_info<ki::max_sub_group_size>(ctx->device); });
   field("compile_sub_group_size", [&] { return k->get_info<ki::compile_sub_group_size>(ctx->device); });
+  field("max_num_sub_groups", [&] { return k->get_info<ki::max_num_sub_groups>(ctx->device); });
   field("num_args", [&] { return k->get_info<sycl::info::kernel::num_args>(); });
+  try {
+    auto r = k->get_info<ki::compile_work_group_size>(ctx->device);
+    js << (js.tellp() > 1 ? "," : "") << "\"compile_work_group_size\":[" << r[0] << "," << r[1] << "," << r[2] << "]";
+  } catch (std::exception&) {
+  }
+  try {
+    long long local = opencl_local_mem(*k, ctx->device);
+    if (local >= 0) js << (js.tellp() > 1 ? "," : "") << "\"local_mem_bytes\":" << local;
+  } catch (std::exception&) {
+  }
   js << "}";
   g_msg = js.str();
   return 0;
+}
+
+// How many device images the bundle holds; -1 on failure.
+int kf_image_count(void* bundle) {
+  try {
+    auto& exe = static_cast<Bundle*>(bundle)->exe;
+    return static_cast<int>(std::distance(exe.begin(), exe.end()));
+  } catch (std::exception& e) {
+    g_msg = e.what();
+    return -1;
+  }
+}
+
+// Device image `index`'s backend content (sycl_ext_oneapi_device_image_backend_content: SPIR-V on the
+// OpenCL backend), valid until the next call on this thread; its size in *nbytes. NULL on failure.
+const void* kf_image_content(void* bundle, int index, size_t* nbytes) {
+  try {
+    auto& exe = static_cast<Bundle*>(bundle)->exe;
+    auto it = exe.begin();
+    if (index < 0 || index >= std::distance(exe.begin(), exe.end())) {
+      g_msg = "no such device image";
+      return nullptr;
+    }
+    std::advance(it, index);
+    g_content = it->ext_oneapi_get_backend_content();
+    *nbytes = g_content.size();
+    g_msg.clear();
+    return g_content.data();
+  } catch (std::exception& e) {
+    g_msg = e.what();
+    return nullptr;
+  }
 }
 
 // Enqueue `kernel` over an nd_range of `ndim` dimensions (local NULL: the runtime picks); asynchronous.

@@ -38,8 +38,13 @@ def build_shim(versions: dict[str, str], include_dir: Path, lib_dir: Path, cxx: 
         cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         cxx_version = ""
+    # the wheel's OpenCL ICD loader, where it sits beside libsycl: kernels' local memory from
+    # clGetKernelWorkGroupInfo. It needs the wheel's libsvml & co, which only an old-style RPATH (searched
+    # for dependencies of dependencies, unlike RUNPATH) finds without LD_LIBRARY_PATH.
+    has_opencl = (lib_dir / "libOpenCL.so").exists()
+    opencl = ["-DKF_HAVE_OPENCL", "-lOpenCL", "-Wl,--disable-new-dtags"] if has_opencl else []
     key = hashlib.sha256(
-        source + json.dumps([versions, str(lib_dir), cxx_version.splitlines()[:1]]).encode()
+        source + json.dumps([versions, str(lib_dir), cxx_version.splitlines()[:1], opencl]).encode()
     ).hexdigest()[:16]
     out = cache_dir() / f"sycl_shim-{versions['intel-sycl-rt']}-{key}.so"
     if out.exists():
@@ -51,7 +56,7 @@ def build_shim(versions: dict[str, str], include_dir: Path, lib_dir: Path, cxx: 
         cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
         f"-I{include_dir}", f"-I{include_dir / 'sycl'}",
         str(SHIM_SOURCE), "-o", tmp,
-        f"-L{lib_dir}", "-lsycl", f"-Wl,-rpath,{lib_dir}",
+        f"-L{lib_dir}", "-lsycl", *opencl, f"-Wl,-rpath,{lib_dir}",
     ]  # fmt: skip
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -79,6 +84,8 @@ def bind(lib: Any) -> None:
         "kf_get_kernel": (vp, [vp, cp]),
         "kf_release_kernel": (None, [vp]),
         "kf_kernel_info": (i, [vp, vp]),
+        "kf_image_count": (i, [vp]),
+        "kf_image_content": (vp, [vp, i, ctypes.POINTER(sz)]),
         "kf_launch": (
             i,
             [
@@ -99,6 +106,23 @@ def bind(lib: Any) -> None:
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
+
+
+def image_contents(lib: Any, bundle: int) -> list[bytes]:
+    """The backend content of each device image of a built bundle (SPIR-V on the OpenCL backend).
+
+    Raises RuntimeError with the runtime's message where the content cannot be read."""
+    count = lib.kf_image_count(bundle)
+    if count < 0:
+        raise RuntimeError(f"sycl: cannot list the bundle's device images: {message(lib)}")
+    out = []
+    for index in range(count):
+        size = ctypes.c_size_t(0)
+        ptr = lib.kf_image_content(bundle, index, ctypes.byref(size))
+        if not ptr:
+            raise RuntimeError(f"sycl: cannot read device image {index}'s backend content: {message(lib)}")
+        out.append(ctypes.string_at(ptr, size.value))
+    return out
 
 
 def message(lib: Any) -> str:
