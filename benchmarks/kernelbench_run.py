@@ -1,0 +1,115 @@
+"""Running one recipe against the eager output, and the clocks (CUDA events on a GPU, the host clock
+on PoCL), for the KernelBench table (``kernelbench.py``) and its warm-up (``kernelbench_warm.py``)."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Timer = Callable[[Callable[[], Any], int], float]
+
+#: the table's correctness tolerance (the judge's default for fp32)
+RTOL = ATOL = 1e-3
+
+
+def make_timer(device: torch.device) -> Timer:
+    """Median ms of ``repeats`` calls: CUDA events on a GPU, the host clock (after a sync) elsewhere."""
+
+    def gpu(fn: Callable[[], Any], repeats: int) -> float:
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    def host(fn: Callable[[], Any], repeats: int) -> float:
+        from kfoundry.runtime import synchronize
+
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    return gpu if device.type == "cuda" else host
+
+
+def time_ms(fn: Callable[[], Any], timer: Timer, budget_s: float) -> float:
+    """Median ms of ``fn`` over about ``budget_s`` seconds of calls (3 to 200), after a warm-up call."""
+    fn()  # compile / warm up
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    one = max(time.perf_counter() - t0, 1e-6)
+    repeats = int(min(200, max(3, budget_s / one)))
+    return timer(fn, repeats)
+
+
+def _sync() -> None:
+    from kfoundry.runtime import synchronize
+
+    synchronize()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def device_usable(device: torch.device) -> bool:
+    """False once the CUDA context is lost (an illegal address or a launch failure is sticky)."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device=device).add_(1).item()
+    except Exception:
+        return False
+    return True
+
+
+def close(got: Any, expected: torch.Tensor) -> tuple[bool, float]:
+    """Whether ``got`` matches ``expected`` (shape, then allclose at the table's tolerance), with the
+    max error where it does not (-1: another shape or not a tensor)."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return False, -1.0
+    ok = torch.allclose(got.float(), expected.float(), rtol=RTOL, atol=ATOL, equal_nan=True)
+    return (True, 0.0) if ok else (False, (got.float() - expected.float()).abs().max().item())
+
+
+def run_recipe(
+    recipe: Any,
+    problem: Any,
+    inputs: list[Any],
+    expected: torch.Tensor,
+    device: torch.device,
+    timer: Timer | None,
+    budget_s: float,
+    load: Any,
+) -> tuple[float | None, float]:
+    """(median ms, 0) of ``recipe`` at its defaults if it matches the eager output, else (None, max
+    error); ``timer`` None: (0, 0) where it matches (correctness only)."""
+    from kfoundry.runtime import synchronize
+
+    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs()).to(device)
+    with torch.no_grad():
+        got = model(*inputs)
+        synchronize()  # launches are asynchronous
+        ok, err = close(got, expected)
+        del got
+        if not ok:
+            return None, err
+        if timer is None:
+            return 0.0, 0.0
+        return time_ms(functools.partial(model, *inputs), timer, budget_s), 0.0

@@ -1,0 +1,242 @@
+"""The KernelBench table's parallel warm-up: a pool of worker processes checks every problem's recipes
+against eager (one run each, no timing) and runs torch.compile once, filling the shared caches
+(``kernelbench_cache.prepare``), so that the timing process, alone on the device afterwards, loads
+kernels and compiled graphs instead of compiling them.
+
+Each worker reports every recipe's verdict as it goes, so a worker that dies (a segfault) or loses its
+CUDA context (an illegal address is sticky) costs only the recipe it was running: the problem goes to
+a fresh worker with that recipe marked failed and the ones already checked skipped. Tasks start while
+their estimated device memory fits beside the ones in flight (largest first).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: the pseudo-recipe name of torch.compile's run in a warm-up result
+COMPILE = "torch.compile"
+
+
+@dataclass
+class Task:
+    """One problem to warm: its file, shape overrides, the recipes to skip, its memory estimate."""
+
+    key: str
+    path: str
+    shapes: dict[str, Any]
+    mem: int
+    skip: list[str] = field(default_factory=list)
+    tries: int = 0
+
+
+@dataclass
+class Outcome:
+    """What the warm-up learned of one problem: per recipe (and torch.compile) a verdict."""
+
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error: str = ""
+    seconds: float = 0.0
+
+
+def _worker(backend_name: str, folder: str, compile_too: bool, tasks: Any, out: Any) -> None:
+    """A worker's loop: set up like the timing process, then one problem per task until None."""
+    # spawn imported the parent's script again as __mp_main__, and Python 3.11's pickle then names a
+    # module-less global (torch.contiguous_format) after it: Inductor's FX-graph cache keys would differ
+    # from the timing process's (where __main__ is skipped), so every lookup there would miss
+    sys.modules.pop("__mp_main__", None)
+    import torch
+    from kernelbench_cache import prepare
+    from kernelbench_run import close, device_usable, run_recipe
+
+    from kfoundry.core.problem import load_problem
+    from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+    from kfoundry.runtime import load, synchronize
+
+    _, device, _ = prepare(backend_name, Path(folder))
+    gen = OfflineGenerator()
+    pid = os.getpid()
+    out.put(("ready", pid, "", "", {}))
+    while (task := tasks.get()) is not None:
+        key = task.key
+        try:
+            problem = load_problem(Path(task.path), task.shapes)
+            torch.manual_seed(0)
+            ref = problem.make_reference().to(device)
+            inputs = problem.make_inputs(1, device)
+            with torch.no_grad():
+                expected = ref(*inputs)
+            recipes = sorted(gen.recipes(problem.summary(), _language(backend_name)), key=lambda r: -r.rank)
+        except Exception as exc:  # noqa: BLE001 - the problem's own fault, one line
+            out.put(("error", pid, key, "", {"detail": _line(exc)}))
+            out.put(("done", pid, key, "", {}))
+            continue
+        names = [r.name for r in recipes] + ([COMPILE] if compile_too else [])
+        for name in (n for n in names if n not in task.skip):
+            out.put(("start", pid, key, name, {}))
+            t0 = time.perf_counter()
+            try:
+                if name == COMPILE:
+                    torch._dynamo.reset()
+                    with torch.no_grad():
+                        got = torch.compile(ref)(*inputs)
+                    synchronize()
+                    ok, err = close(got, expected)
+                    del got
+                    ms: float | None = 0.0 if ok else None
+                else:
+                    recipe = next(r for r in recipes if r.name == name)
+                    ms, err = run_recipe(recipe, problem, inputs, expected, device, None, 0.0, load)
+                verdict: dict[str, Any] = (
+                    {"status": "correct"} if ms is not None else {"status": "wrong", "err": err}
+                )
+            except Exception as exc:  # noqa: BLE001 - a recipe that fails to build or launch loses only itself
+                verdict = {"status": "failed", "detail": _line(exc)}
+            verdict["s"] = round(time.perf_counter() - t0, 3)
+            if not device_usable(device):
+                verdict = {"status": "failed", "detail": f"GPU fault ({verdict.get('detail', '')})"}
+                out.put(("verdict", pid, key, name, verdict))
+                return  # the context is lost: the parent starts a fresh worker
+            out.put(("verdict", pid, key, name, verdict))
+        del ref, inputs, expected
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        out.put(("done", pid, key, "", {}))
+
+
+def _language(backend_name: str) -> str:
+    return "cuda" if backend_name == "cuda" else "opencl"
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:120] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+@dataclass
+class _Slot:
+    proc: Any
+    tasks: Any
+    task: Task | None = None
+    task_started: float = 0.0
+    recipe_started: float = 0.0
+    running: str = ""
+    ready: bool = False
+
+
+def warm_up(
+    tasks: list[Task],
+    *,
+    backend_name: str,
+    folder: Path,
+    workers: int,
+    mem_budget: int,
+    compile_too: bool,
+    deadline_s: float,
+    recipe_s: float,
+    log: Any = print,
+) -> dict[str, Outcome]:
+    """Warm every task in ``workers`` processes within ``deadline_s`` (a recipe or torch.compile running
+    past ``recipe_s`` is cut: marked failed, its worker replaced); the outcome per problem key."""
+    ctx = mp.get_context("spawn")  # CUDA cannot be forked
+    results: Any = ctx.Queue()
+    outcomes = {t.key: Outcome() for t in tasks}
+    pending = sorted(tasks, key=lambda t: -t.mem)
+    slots: list[_Slot] = []
+    setup_failures = 0
+
+    def spawn() -> _Slot:
+        q = ctx.Queue()
+        p = ctx.Process(
+            target=_worker, args=(backend_name, str(folder), compile_too, q, results), daemon=True
+        )
+        p.start()
+        return _Slot(p, q)
+
+    def lose(slot: _Slot, why: str) -> None:
+        """The slot's worker is gone: the recipe it ran failed; the rest of its problem goes back."""
+        task = slot.task
+        if task is not None:
+            if slot.running:
+                outcomes[task.key].verdicts.setdefault(slot.running, {"status": "failed", "detail": why})
+            task.skip = [*outcomes[task.key].verdicts]
+            task.tries += 1
+            if task.tries < 4:
+                pending.insert(0, task)
+            else:
+                outcomes[task.key].error = f"warm-up gave up after {task.tries} lost workers ({why})"
+        if slot.proc.is_alive():
+            slot.proc.kill()
+        slot.proc.join(5)
+        slots[slots.index(slot)] = spawn()
+
+    start = time.monotonic()
+    slots.extend(spawn() for _ in range(workers))
+    while pending or any(s.task for s in slots):
+        now = time.monotonic()
+        if now - start > deadline_s or setup_failures >= 3:
+            why = (
+                f"the warm-up's {deadline_s:.0f} s ran out"
+                if setup_failures < 3
+                else "workers failed to start"
+            )
+            for s in slots:
+                if s.task is not None:
+                    outcomes[s.task.key].error = f"warm-up cut: {why} (in {s.running or 'setup'})"
+                    s.proc.kill()
+            for t in pending:
+                outcomes[t.key].error = f"not warmed: {why}"
+            log(f"# warm-up stopped: {why}; {len(pending)} problems not warmed")
+            break
+        in_flight = sum(s.task.mem for s in slots if s.task)
+        for s in slots:
+            if s.task is None and s.ready and pending:
+                fits = [t for t in pending if in_flight + t.mem <= mem_budget or in_flight == 0]
+                if fits:
+                    s.task, s.task_started, s.recipe_started, s.running = fits[0], now, now, ""
+                    pending.remove(fits[0])
+                    in_flight += fits[0].mem
+                    s.tasks.put(s.task)
+        try:
+            kind, pid, key, name, data = results.get(timeout=0.2)
+        except queue.Empty:
+            kind, pid, key = "", -1, ""
+        slot = next((s for s in slots if s.proc.pid == pid), None)
+        if slot is not None and kind == "ready":
+            slot.ready = True
+        elif slot is None or slot.task is None or slot.task.key != key:
+            pass  # a message of a worker already replaced
+        elif kind == "start":
+            slot.running, slot.recipe_started = name, time.monotonic()
+        elif kind == "verdict":
+            outcomes[key].verdicts[name] = data
+            slot.running = ""
+        elif kind == "error":
+            outcomes[key].error = data["detail"]
+        elif kind == "done":
+            outcomes[key].seconds += time.monotonic() - slot.task_started
+            slot.task = None
+        for s in list(slots):
+            if s.task is not None and not s.proc.is_alive():
+                lose(s, f"worker exited ({s.proc.exitcode})")
+            elif s.task is not None and time.monotonic() - s.recipe_started > recipe_s:
+                log(f"# warm-up: {s.task.key} {s.running or 'setup'} ran past {recipe_s:.0f} s: cut")
+                lose(s, f"cut after {recipe_s:.0f} s in the warm-up")
+            elif s.task is None and not s.proc.is_alive():
+                setup_failures += not s.ready
+                slots[slots.index(s)] = spawn()
+    for s in slots:
+        if s.proc.is_alive() and s.task is None:
+            s.tasks.put(None)
+    for s in slots:
+        s.proc.join(10 if s.task is None else 0)
+        if s.proc.is_alive():
+            s.proc.kill()
+            s.proc.join(5)
+    return outcomes
