@@ -72,6 +72,8 @@ CASES: list[tuple[str, dict[str, int], dict[str, int]]] = [
     ("level1/matmul_3d_2d.py", {"N": 3, "M": 50, "K": 24, "L": 36}, {}),
     # nn.Linear (weight transposed first) + bias + swish * scale epilogue
     ("level2/gemm_swish_scaling.py", {"batch_size": 40, "in_features": 48, "out_features": 136}, {}),
+    # ... with K split in two slices (the weight read [N, K] in place, bias and epilogue in matmul_sum)
+    ("level2/gemm_swish_scaling.py", {"batch_size": 20, "in_features": 1024, "out_features": 130}, {}),
 ]
 
 

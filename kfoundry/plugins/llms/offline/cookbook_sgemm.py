@@ -11,6 +11,8 @@ in flight while this one multiplies; older targets and the CPU emulation copy sy
 - LAYOUT=1: warp tiles of 32 x 64 (lanes 4 x 8, each two 4 x 4 quadrants 16 rows and 32 columns apart), so a
   warp's float4 reads of A and B touch 64 and 128 distinct bytes; LAYOUT=0: the quadrants 64 apart.
 - SWZ > 0: blocks run in groups of SWZ tile rows (A's rows stay in L2 across a group).
+- ``nn.Linear``: the weight [N, K] is read in place by the same transposing 4-byte copies as A (no
+  transpose kernel per call).
 - SPLIT=1: where the output has fewer tiles than the SMs and K is long, K is split over grid z; each
   slice writes its partial tile to a workspace and ``matmul_sum`` adds the slices in order.
 
@@ -65,6 +67,8 @@ def _kernel(spec: OpSpec, epilogue: str, epi_call: str) -> str:
     epi_v = epi_call.format(v="v", n="n")
     return f"""{epilogue}{CP_ASYNC}
 #define SA 132
+#define BT {int(spec.linear)}
+#define SB (BT ? 132 : 128)
 #if LAYOUT
 #define RO 16
 #define CO 32
@@ -76,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul(const float* __re
         {bias_p}float* __restrict__ C, int M, int N, int K, int kc) {{
     KF_SMEM_DECL
     float* As = kf_smem;                  // [STAGES][BK][SA]: A transposed
-    float* Bs = kf_smem + STAGES * BK * SA;   // [STAGES][BK][128]
+    float* Bs = kf_smem + STAGES * BK * SA;   // [STAGES][BK][SB]
     const int tid = threadIdx.x;
     int bx = blockIdx.x, by = blockIdx.y;
 #if SWZ > 0
@@ -100,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul(const float* __re
     auto load = [&](int t, int s) {{
         const int k0 = kb + t * BK;
         float* as = As + s * (BK * SA);
-        float* bs = Bs + s * (BK * 128);
+        float* bs = Bs + s * (BK * SB);
         #pragma unroll
         for (int i = 0; i < BK / 2; ++i) {{
             const int e = tid + 256 * i, c = (e & 7) + 8 * (e >> 10), r = (e >> 3) & 127;
@@ -108,13 +112,22 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul(const float* __re
             const bool ok = m < M && k < ke;
             kf_cp4(as + c * SA + r, ok ? A + (size_t)m * K + k : A, ok);
         }}
+#if BT
+        #pragma unroll
+        for (int i = 0; i < BK / 2; ++i) {{  // B is [N, K] (a linear layer's weight): A's transposing copies
+            const int e = tid + 256 * i, c = (e & 7) + 8 * (e >> 10), r = (e >> 3) & 127;
+            const int n = bn + r, k = k0 + c;
+            const bool ok = n < N && k < ke;
+            kf_cp4(bs + c * SB + r, ok ? B + (size_t)n * K + k : B, ok);
+        }}
+#else
         if (vecB) {{
             #pragma unroll
             for (int i = 0; i < BK / 8; ++i) {{
                 const int e = tid + 256 * i, r = e >> 5, c = (e & 31) * 4;
                 const int k = k0 + r, n = bn + c;
                 const bool ok = k < ke && n < N;
-                kf_cp16(bs + r * 128 + c, ok ? B + (size_t)k * N + n : B, ok);
+                kf_cp16(bs + r * SB + c, ok ? B + (size_t)k * N + n : B, ok);
             }}
         }} else {{
             #pragma unroll
@@ -122,9 +135,10 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul(const float* __re
                 const int e = tid + 256 * i, r = e >> 7, c = e & 127;
                 const int k = k0 + r, n = bn + c;
                 const bool ok = k < ke && n < N;
-                kf_cp4(bs + r * 128 + c, ok ? B + (size_t)k * N + n : B, ok);
+                kf_cp4(bs + r * SB + c, ok ? B + (size_t)k * N + n : B, ok);
             }}
         }}
+#endif
     }};
     float acc[8][8];
     #pragma unroll
@@ -143,13 +157,13 @@ extern "C" __global__ void __launch_bounds__(256, MINB) matmul(const float* __re
         if (t + STAGES - 1 < ntiles) load(t + STAGES - 1, ws);
         KF_COMMIT();
         const float* as = As + rs * (BK * SA);
-        const float* bs = Bs + rs * (BK * 128);
+        const float* bs = Bs + rs * (BK * SB);
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {{
             const float4 a0 = *reinterpret_cast<const float4*>(as + kk * SA + rb);
             const float4 a1 = *reinterpret_cast<const float4*>(as + kk * SA + rb + RO);
-            const float4 b0 = *reinterpret_cast<const float4*>(bs + kk * 128 + cb);
-            const float4 b1 = *reinterpret_cast<const float4*>(bs + kk * 128 + cb + CO);
+            const float4 b0 = *reinterpret_cast<const float4*>(bs + kk * SB + cb);
+            const float4 b1 = *reinterpret_cast<const float4*>(bs + kk * SB + cb + CO);
             const float ra[8] = {{a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w}};
             const float rv[8] = {{b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w}};
             #pragma unroll
@@ -200,8 +214,13 @@ extern "C" __global__ void matmul_sum(const float* __restrict__ W, {bias_p}float
 
 def sgemm_async(spec: OpSpec, epilogue: str, head: str) -> Recipe:
     """The recipe; ``epilogue`` is the ``epilogue(v, n[, bias])`` device function and ``head`` the
-    ``forward`` lines that define a/x, b/wt, M, N, K and the output ``c``."""
-    a, b = ("x", "wt") if spec.linear else ("a", "b")
+    ``forward`` lines that define a, b, M, N, K and the output ``c`` (a linear layer: its own head)."""
+    a, b = ("x", "self.m0.weight") if spec.linear else ("a", "b")
+    if spec.linear:  # the weight [N, K] is read as it is (transposing copies): no transpose kernel
+        head = """M, K = x.shape
+N = self.m0.weight.shape[0]
+c = torch.empty((M, N), dtype=x.dtype, device=x.device)"""
+    sb = 132 if spec.linear else 128
     bias = "self.m0.bias, " if spec.bias else ""
     epi_call = "epilogue({v}, {n}, bias)" if spec.bias else "epilogue({v}, {n})"
     forward = f"""{head}
@@ -209,12 +228,12 @@ tiles = _cdiv(M, 128) * _cdiv(N, 128)
 split = max(1, min(64, 2 * 132 // tiles, K // 512)) if p['SPLIT'] and tiles < 132 else 1
 kc = _cdiv(_cdiv(K, split), p['BK']) * p['BK']
 split = _cdiv(K, kc)
-smem = p['STAGES'] * p['BK'] * (132 + 128) * 4
+smem = p['STAGES'] * p['BK'] * (132 + {sb}) * 4
 grid = (_cdiv(N, 128), _cdiv(M, 128), split)
 if split > 1:
-    w = torch.empty((split, M, N), dtype=c.dtype, device=c.device)
-    self.prog.matmul({a}, {b}, {bias}w, M, N, K, kc, grid=grid, block=(256, 1, 1), shared_mem=smem)
-    self.prog.matmul_sum(w, {bias}c, M, N, split, grid=(_cdiv(M * N, 256), 1, 1), block=(256, 1, 1))
+    part = torch.empty((split, M, N), dtype=c.dtype, device=c.device)
+    self.prog.matmul({a}, {b}, {bias}part, M, N, K, kc, grid=grid, block=(256, 1, 1), shared_mem=smem)
+    self.prog.matmul_sum(part, {bias}c, M, N, split, grid=(_cdiv(M * N, 256), 1, 1), block=(256, 1, 1))
 else:
     self.prog.matmul({a}, {b}, {bias}c, M, N, K, K, grid=grid, block=(256, 1, 1), shared_mem=smem)
 return c
