@@ -203,6 +203,10 @@ CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
     ("level1/matrix_vector.py", {"M": 37, "K": 1028}, "matmul/gemv_block", {}),
     ("level1/max_over_dim.py", {"batch_size": 3, "dim1": 70, "dim2": 37}, "reduce/inner_columns", {}),
     ("level1/min_over_dim.py", {"batch_size": 3, "dim1": 20, "dim2": 37}, "reduce/inner_columns", {}),
+    # rows split into ranges: eight-load batches and a remainder, odd columns, keepdim
+    ("level1/mean_dim1.py", {"batch_size": 2, "dim1": 203, "dim2": 37}, "reduce/inner_split", {}),
+    ("level1/sum_reduction_keepdim.py", {"batch_size": 2, "dim1": 150, "dim2": 9}, "reduce/inner_split", {}),
+    ("level1/max_over_dim.py", {"batch_size": 3, "dim1": 130, "dim2": 37}, "reduce/inner_split", {}),
     (
         "level1/layer_norm_4d.py",
         {"batch_size": 3, "features": 4, "dim1": 16, "dim2": 33},

@@ -1304,9 +1304,85 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) rows({sig}) {{
     )
 
 
+def inner_split(spec: OpSpec) -> Recipe | None:
+    """CUDA, reductions (sum, mean, max, min) along a non-last dimension with many columns: each column's
+    rows split into ``split`` ranges (``split`` from ``forward``: about eight resident threads' worth of
+    work items per SM slot), a thread per (column, range) with eight loads in flight (summed in pairs),
+    neighbouring threads on neighbouring columns; a second kernel folds a column's ``split`` partials."""
+    if spec.inner == 1 or spec.family != "reduce" or spec.reduce_op not in ("sum", "mean", "max", "min"):
+        return None
+    op = spec.reduce_op
+    init = {"max": "-INFINITY", "min": "INFINITY"}.get(op, "0.0f")
+    cmp = {"max": ">", "min": "<"}.get(op, "")
+    comb = (
+        (lambda a, b: f"{a} = ({b} {cmp} {a} || {b} != {b}) ? {b} : {a};")
+        if cmp
+        else (lambda a, b: f"{a} += {b};")
+    )
+    if cmp:
+        eight = " ".join(comb("a", f"v[{u}]") for u in range(8))
+    else:
+        eight = "a += ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));"
+    result = "a / (float)R" if op == "mean" else "a"
+    keep = "1" if len(spec.output_shape) == len(spec.input_shapes[0]) else "0"
+    kernel = f"""
+extern "C" __global__ void __launch_bounds__(256) partial(const float* __restrict__ X, float* __restrict__ P,
+                                                          int outer, int R, int inner, int split) {{
+    const long long col = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (col >= inner) return;
+    const int o = blockIdx.y, z = blockIdx.z, per = (R + split - 1) / split;
+    const int r0 = z * per, r1 = min(R, r0 + per);
+    const float* xr = X + (size_t)o * R * inner + col;
+    float a = {init};
+    int r = r0;
+    for (; r + 8 <= r1; r += 8) {{  // eight loads in flight
+        float v[8];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = __ldg(xr + (size_t)(r + u) * inner);
+        {eight}
+    }}
+    for (; r < r1; ++r) {{ const float v = __ldg(xr + (size_t)r * inner); {comb("a", "v")} }}
+    P[((size_t)z * outer + o) * inner + col] = a;
+}}
+
+extern "C" __global__ void __launch_bounds__(256) rows(const float* __restrict__ P, float* __restrict__ Y, int outer,
+                                                       int R, int inner, int split) {{
+    const long long g = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (g >= (long long)outer * inner) return;
+    float a = {init};
+    for (int z = 0; z < split; ++z) {{ const float v = P[(size_t)z * outer * inner + g]; {comb("a", "v")} }}
+    Y[g] = {result};
+}}
+"""
+    forward = f"""
+outer, R, inner = _prod(x.shape[:{spec.dim}]), x.shape[{spec.dim}], _prod(x.shape[{spec.dim + 1}:])
+y = torch.empty(x.shape[:{spec.dim}] + ((1,) if {keep} else ()) + x.shape[{spec.dim + 1}:], dtype=x.dtype, device=x.device)
+split = max(1, min(R // 64, _cdiv(p['WAVES'] * 132 * 2048, max(1, outer * inner)), 65535))
+part = torch.empty((split, outer, inner), dtype=x.dtype, device=x.device)
+self.prog.partial(x, part, outer, R, inner, split, grid=(_cdiv(inner, 256), outer, split), block=(256, 1, 1))
+self.prog.rows(part, y, outer, R, inner, split, grid=(_cdiv(outer * inner, 256), 1, 1), block=(256, 1, 1))
+return y
+"""
+    return Recipe(
+        f"{spec.family}/inner_split",
+        spec.family,
+        "cuda",
+        kernel,
+        forward,
+        ["x"],
+        TunableSpace(params={"WAVES": [2, 4, 8]}),
+        {"WAVES": 4},
+        # large inputs only: a small one is bound by the launches (this takes two)
+        rank=4 if spec.outer <= 65535 and spec.outer * spec.R * spec.inner >= 1 << 24 else 1,
+        modules=spec.modules,
+        description="rows split into ranges for more threads, eight loads in flight per thread, then the "
+        "ranges' partials folded",
+    )
+
+
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     out = opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
     extra = [split_rows(spec, language), inner_vector(spec, language)]
     if language == "cuda":
-        extra += [split_rows_vec(spec), inner_columns(spec)]
+        extra += [split_rows_vec(spec), inner_columns(spec), inner_split(spec)]
     return out + [r for r in extra if r is not None]
