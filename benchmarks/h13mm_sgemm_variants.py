@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(("matmul/sgemm_async", {"MINB": 1}))
         if not args.quick and "matmul/mma_tiles" in recipes:
             runs += [("matmul/mma_tiles", {"STAGES": st, "SWZ": sw}) for st in (2, 4) for sw in (0, 8)]
+            runs.append(("matmul/mma_tiles", {"LDSM": 0}))
         for rname, params in runs:
             tag = rname + (f"[{','.join(f'{k}={v}' for k, v in params.items())}]" if params else "")
             try:

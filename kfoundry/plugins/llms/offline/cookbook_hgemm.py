@@ -3,7 +3,7 @@
 - CUDA ``matmul/mma_tiles``: tensor cores through ``mma.sync.m16n8k16`` (f16 or bf16 in, f32 accumulate).
   128 x 128 x 32 block tiles, 8 warps of 64 x 32 (4 x 4 MMAs per 16-deep step), STAGES shared-memory
   stages filled by 16-byte ``cp.async`` (rows padded to 40 / 136 halves: conflict-free), fragments by
-  ``ldmatrix`` (B with ``.trans``). Without sm_80 (and in the CPU emulation) the copies are synchronous,
+  ``ldmatrix`` (B with ``.trans``; LDSM=0: 32- and 16-bit shared reads instead). Without sm_80 (and in the CPU emulation) the copies are synchronous,
   fragments are read element by element and each MMA is computed from warp shuffles of the same
   fragments, so the fragment layout is the one checked there. Needs K % 8 == N % 8 == 0 and 16-byte
   aligned A, B; other shapes run ``matmul_scalar`` of the same program.
@@ -190,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul(const unsigned short* _
         #pragma unroll
         for (int kk = 0; kk < 32; kk += 16) {{
             unsigned af[4][4], bf[4][2];
-#ifdef KF_CP_ASYNC
+#if defined(KF_CP_ASYNC) && LDSM
             #pragma unroll
             for (int i = 0; i < 4; ++i) {{
                 const unsigned short* p = as + (wm + i * 16 + (lane & 15)) * SAH + kk + (lane >> 4) * 8;
@@ -280,8 +280,8 @@ return c
             kernel,
             naive,
             ["a", "b"],
-            TunableSpace(params={"STAGES": [3], "SWZ": [0], "HALF_BF16": [d["HALF_BF16"]]}),
-            {"STAGES": 3, "SWZ": 0, **d},
+            TunableSpace(params={"STAGES": [3], "SWZ": [0], "LDSM": [0], "HALF_BF16": [d["HALF_BF16"]]}),
+            {"STAGES": 3, "SWZ": 0, "LDSM": 0, **d},
             rank=0,
             description="one thread per output, fp32 accumulation (the portable baseline)",
         ),
@@ -292,8 +292,10 @@ return c
             kernel,
             mma,
             ["a", "b"],
-            TunableSpace(params={"STAGES": [2, 3, 4], "SWZ": [0, 8], "HALF_BF16": [d["HALF_BF16"]]}),
-            {"STAGES": 3, "SWZ": 8, **d},
+            TunableSpace(
+                params={"STAGES": [2, 3, 4], "SWZ": [0, 8], "LDSM": [0, 1], "HALF_BF16": [d["HALF_BF16"]]}
+            ),
+            {"STAGES": 3, "SWZ": 8, "LDSM": 1, **d},
             rank=6,
             description="tensor cores (mma.sync m16n8k16, fp32 accumulation), 128x128x32 tiles, 64x32 warp "
             "tiles, cp.async stages, ldmatrix fragments",
