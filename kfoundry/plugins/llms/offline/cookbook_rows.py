@@ -633,6 +633,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner
 _CLUSTER_PY = """
 
 def _cluster(rows, R, limit=200 * 1024):
+    \"\"\"Blocks per row of a cluster recipe (0: the rows do not split; the warp kernel runs).\"\"\"
     best = 0
     for cl in (1, 2, 4, 8):
         if R % (4 * cl) or R * 4 // cl > limit:
@@ -642,6 +643,13 @@ def _cluster(rows, R, limit=200 * 1024):
             return cl
     return best
 """
+
+
+def _cluster_size(spec: OpSpec) -> int:
+    """:data:`_CLUSTER_PY`'s ``_cluster`` at the traced shape (the cluster recipes' ranks depend on it)."""
+    ns: dict[str, object] = {}
+    exec(_CLUSTER_PY, ns)  # noqa: S102 - our own helper source
+    return int(ns["_cluster"](spec.outer, spec.R))  # type: ignore[operator]
 
 
 def _cluster_rows(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
@@ -733,7 +741,7 @@ return y
         ["x"],
         TunableSpace(params={"BLOCK": [256, 512, 1024]}),
         {"BLOCK": 1024},
-        rank=4,
+        rank=3 if _cluster_size(spec) else 1,  # below split_rows_vec on the H200 (5.92 vs 4.86 ms, 393216)
         modules=spec.modules,
         lazy=True,
         preamble=_CLUSTER_PY,
@@ -876,7 +884,10 @@ else:
     self._program(ROW_LEN=4, CL=1, UNROLL=1).rows_warp(x, {wb}y, outer, R, inner, int(R % 4 == 0 and _aligned(x)), grid=(_cdiv(outer * 32, 128), 1, 1), block=(128, 1, 1))
 return y
 """
-    long_rows = spec.R * 4 > 64 * 1024  # a row that needs more than a block's share of an SM
+    # first where a row needs more than a block's share of an SM and splits over a cluster; where it does not
+    # split, the warp kernel runs (slow for long rows)
+    cl = _cluster_size(spec)
+    rank = (5 if spec.R * 4 > 64 * 1024 else 3) if cl else 1
     return Recipe(
         f"{spec.family}/cluster_stream",
         spec.family,
@@ -886,7 +897,7 @@ return y
         ["x"],
         TunableSpace(params={"BLOCK": [256, 512, 1024], "UNROLL": [4, 8]}),
         {"BLOCK": 512, "UNROLL": 8},
-        rank=5 if long_rows else 3,
+        rank=rank,
         modules=spec.modules,
         lazy=True,
         preamble=_CLUSTER_PY
