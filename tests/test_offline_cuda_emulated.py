@@ -213,6 +213,19 @@ CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
         "layer_norm/split_rows_vec",
         {},
     ),
+    # chunks of 256 float4: the write pass's four-load batches and its remainder
+    (
+        "level1/layer_norm_4d.py",
+        {"batch_size": 2, "features": 4, "dim1": 64, "dim2": 37},
+        "layer_norm/split_rows_vec",
+        {"BLOCK": 64},
+    ),
+    (
+        "level1/log_softmax_rows.py",
+        {"batch_size": 2, "dim": 9000},
+        "log_softmax/split_rows_vec",
+        {"BLOCK": 64},
+    ),
     ("level1/argmax_dim.py", {}, "graph/fused_coop", {}),
     ("level1/cumsum_reverse.py", {}, "graph/fused_coop", {}),
     ("level1/cumprod.py", {}, "graph/fused_coop", {}),

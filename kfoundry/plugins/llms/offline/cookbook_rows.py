@@ -1114,9 +1114,9 @@ extern "C" __global__ void rows(const float* __restrict__ X, float* __restrict__
 
 def split_rows_vec(spec: OpSpec) -> Recipe | None:
     """CUDA, rows along the last dimension split across ``split`` blocks each (``split`` computed in
-    ``forward`` for about four waves of blocks): kernel 1 folds each chunk with float4 loads (four in
+    ``forward`` for about eight blocks per SM): kernel 1 folds each chunk with float4 loads (four in
     flight per thread) into partial statistics, merged by warp shuffles and shared memory; kernel 2
-    merges a row's partials in one warp and writes its chunk with float4 loads and stores, the chunks
+    merges a row's partials in one warp and writes its chunk with float4 loads (four in flight) and stores, the chunks
     in reverse order (the last ones read are still in L2). Scalar where rows are not 16-byte aligned."""
     if spec.inner != 1:
         return None
@@ -1135,7 +1135,7 @@ def split_rows_vec(spec: OpSpec) -> Recipe | None:
     fetch = " ".join(f"{n} = sh_{n}[0];" for n in names)
     acc4 = op.acc4
     out4 = (
-        f"float x; int j = 4 * cc; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
+        f"float x; int j = 4 * ce; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
         f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
     )
     ranges = """const int R4 = R >> 2, per4 = (R4 + split - 1) / split;
@@ -1149,8 +1149,17 @@ def split_rows_vec(spec: OpSpec) -> Recipe | None:
         {ranges}
         const float4* x4 = reinterpret_cast<const float4*>(X + (size_t)o * R);
         float4* y4 = reinterpret_cast<float4*>(Y + (size_t)o * R);
-        // each chunk from its end: kernel 1 read the chunks' ends last, so they may still be in L2
-        for (int cc = c1 - 1 - (int)threadIdx.x; cc >= c0; cc -= BLOCK) {{ float4 q = __ldg(x4 + cc); {out4} y4[cc] = q; }}
+        // each chunk from its end: kernel 1 read the chunks' ends last, so they may still be in L2; four
+        // loads in flight per thread
+        int cc = c1 - 1 - (int)threadIdx.x;
+        for (; cc - 3 * BLOCK >= c0; cc -= 4 * BLOCK) {{
+            float4 v[4];
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = __ldg(x4 + cc - u * BLOCK);
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {{ const int ce = cc - u * BLOCK; float4 q = v[u]; {out4} y4[ce] = q; }}
+        }}
+        for (; cc >= c0; cc -= BLOCK) {{ const int ce = cc; float4 q = __ldg(x4 + cc); {out4} y4[cc] = q; }}
     }} else {{
         {sranges}
         for (int r = r0 + threadIdx.x; r < r1; r += BLOCK) {{ float x = __ldg(X + (size_t)o * R + r); int j = r; Y[(size_t)o * R + r] = {op.out}; }}
@@ -1214,7 +1223,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({c} X, {wb}float* __res
     forward = f"""
 {_dims(spec)}
 vec4 = int(R % 4 == 0 and _aligned(x, y))
-split = max(1, min(256, _cdiv(4 * 132, outer), _cdiv(R, 16 * p['BLOCK'])))
+split = max(1, min(256, _cdiv(8 * 132, outer), _cdiv(R, 16 * p['BLOCK'])))
 part = torch.empty((outer, split, {k}), dtype=x.dtype, device=x.device)
 self.prog.rows_partial(x, part, outer, R, split, vec4, grid=(split, outer, 1), block=(p['BLOCK'], 1, 1))
 self.prog.rows(x, {wbp}y, part, outer, R, split, vec4, grid={grid2}, block=(p['BLOCK'], 1, 1))
