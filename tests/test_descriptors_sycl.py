@@ -202,6 +202,25 @@ def test_a_program_that_does_not_build_is_measured_zero() -> None:
     assert feats["measured"] == 0.0
 
 
+@needs_sycl
+def test_a_program_that_crashes_the_compiler_is_measured_zero_and_the_next_is_measured() -> None:
+    """The kernel compiler segfaults on get_work_group_scratch_memory(): the worker dies, not the loop."""
+    crash = (
+        HEADER
+        + r"""
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void k(float* x) {
+    auto it = syclext::this_work_item::get_nd_item<1>();
+    float* s = static_cast<float*>(syclexp::get_work_group_scratch_memory());
+    s[it.get_local_id(0)] = x[it.get_global_id(0)];
+    x[it.get_global_id(0)] = s[0];
+}
+"""
+    )
+    assert _feats(crash)["measured"] == 0.0
+    assert _feats(NAIVE)["measured"] == 1.0
+
+
 def test_missing_runtime_is_one_warning_and_the_static_patterns(monkeypatch, caplog) -> None:
     import kfoundry.plugins.backends.sycl_runtime as rt
 
