@@ -73,6 +73,19 @@ static inline void kf_st(__global kf_h* p, size_t i, float f) { vstore_half_rte(
 """
 
 
+def _scalar_kernel(epi: str) -> str:
+    """``matmul_scalar``: one thread per output, fp32 accumulation (any shape and alignment)."""
+    return f"""extern "C" __global__ void matmul_scalar(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+                                         unsigned short* __restrict__ C, int M, int N, int K) {{
+    const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y * blockDim.y + threadIdx.y;
+    if (m >= M || n >= N) return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc = fmaf(kf_ld(A[(size_t)m * K + k]), kf_ld(B[(size_t)k * N + n]), acc);
+    C[(size_t)m * N + n] = kf_st({epi.format(v="acc", n="n")});
+}}
+"""
+
+
 def _mma_kernel(epilogue: str, epi: str) -> str:
     return f"""{epilogue}{CU_HALF}{CP_ASYNC}
 #ifndef KF_HSMEM_DECL
@@ -121,15 +134,7 @@ __device__ __forceinline__ unsigned kf_saddr(const void* p) {{
 }}
 #endif
 
-extern "C" __global__ void matmul_scalar(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
-                                         unsigned short* __restrict__ C, int M, int N, int K) {{
-    const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y * blockDim.y + threadIdx.y;
-    if (m >= M || n >= N) return;
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc = fmaf(kf_ld(A[(size_t)m * K + k]), kf_ld(B[(size_t)k * N + n]), acc);
-    C[(size_t)m * N + n] = kf_st({epi.format(v="acc", n="n")});
-}}
-
+{_scalar_kernel(epi)}
 extern "C" __global__ void __launch_bounds__(256) matmul(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
                                                          unsigned short* __restrict__ C, int M, int N, int K) {{
     KF_HSMEM_DECL
@@ -259,6 +264,7 @@ c = torch.empty((*a.shape[:-1], N), dtype=a.dtype, device=a.device)"""
 def cuda_recipes(spec: OpSpec, epilogue: str, epi: str) -> list[Recipe]:
     """``epilogue``: the ``epilogue(v, n)`` device function; ``epi``: its call with ``{v}``, ``{n}``."""
     kernel = _mma_kernel(epilogue, epi)
+    scalar = f"{epilogue}{CU_HALF}{_scalar_kernel(epi)}"
     naive = f"""{_HEAD}
 self.prog.matmul_scalar(a, b, c, M, N, K, grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1))
 return c
@@ -277,7 +283,7 @@ return c
             "matmul/half_naive",
             "matmul",
             "cuda",
-            kernel,
+            scalar,
             naive,
             ["a", "b"],
             TunableSpace(params={"STAGES": [3], "SWZ": [0], "LDSM": [0], "HALF_BF16": [d["HALF_BF16"]]}),
