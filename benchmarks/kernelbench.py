@@ -140,7 +140,7 @@ def _breadth(
 
 
 def _line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}"
 
 
 @dataclasses.dataclass
@@ -240,7 +240,7 @@ def _measure(
         return row
     best = min(times, key=lambda n: times[n])
     naive = min(recipes, key=lambda r: r.rank).name
-    half = any(d in ("torch.float16", "torch.bfloat16") for d in a.input_dtypes)
+    half = any(str(d).removeprefix("torch.") in ("float16", "bfloat16") for d in a.input_dtypes)
     rate = s.rates["fp16" if half else "fp32"]
     mem_ms, flop_ms = a.bytes_moved / (s.rates["copy"] * 1e9) * 1e3, (a.flops or 0) / (rate * 1e9) * 1e3
     row.update(

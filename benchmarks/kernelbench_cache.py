@@ -93,7 +93,11 @@ def prepare(backend_name: str, folder: Path) -> tuple[Any, Any, CacheStats]:
     """The backend (device selected, made active for ``kfoundry.runtime.load``), its torch device and
     the compile cache's stats; TF32 off and torch.compile's caches under ``folder``."""
     inductor_env(folder)
+    import warnings
+
     import torch
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")  # Inductor's advice: not rows
 
     from kfoundry.core.plugins import get_plugin
     from kfoundry.runtime import set_backend

@@ -13,7 +13,7 @@ import torch
 
 Timer = Callable[[Callable[[], Any], int], float]
 
-#: the table's correctness tolerance (the judge's default for fp32)
+#: the table's correctness tolerance for fp32 outputs (fp16 / bf16: the judge's, ``verifier.tolerances``)
 RTOL = ATOL = 1e-3
 
 
@@ -79,9 +79,13 @@ def device_usable(device: torch.device) -> bool:
 def close(got: Any, expected: torch.Tensor) -> tuple[bool, float]:
     """Whether ``got`` matches ``expected`` (shape, then allclose at the table's tolerance), with the
     max error where it does not (-1: another shape or not a tensor)."""
+    from kfoundry.core.evaluation.verifier import LOW_PRECISION, tolerances
+
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
         return False, -1.0
-    ok = torch.allclose(got.float(), expected.float(), rtol=RTOL, atol=ATOL, equal_nan=True)
+    # fp32: the table's 1e-3; fp16 / bf16 outputs: the judge's (a bf16 ulp is 2^-8 of the value)
+    atol, rtol = tolerances(expected.dtype, None, None) if expected.dtype in LOW_PRECISION else (ATOL, RTOL)
+    ok = torch.allclose(got.float(), expected.float(), rtol=rtol, atol=atol, equal_nan=True)
     return (True, 0.0) if ok else (False, (got.float() - expected.float()).abs().max().item())
 
 

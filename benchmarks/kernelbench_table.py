@@ -58,7 +58,7 @@ def is_fp32_matmul(row: dict[str, Any]) -> bool:
         and "matmul" in name
         and "diag" not in name
         and "triangular" not in name
-        and all(d == "torch.float32" for d in row.get("dtypes", []))
+        and all(str(d).removeprefix("torch.") == "float32" for d in row.get("dtypes", []))
     )
 
 

@@ -12,11 +12,10 @@ their estimated device memory fits beside the ones in flight (largest first).
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import queue
 import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +44,9 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _worker(backend_name: str, folder: str, compile_too: bool, tasks: Any, out: Any) -> None:
-    """A worker's loop: set up like the timing process, then one problem per task until None."""
+def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> None:
+    """A worker's loop: set up like the timing process, then one problem per task until None. Messages
+    go out on ``conn`` synchronously (a worker that dies has sent everything before its death)."""
     # spawn imported the parent's script again as __mp_main__, and Python 3.11's pickle then names a
     # module-less global (torch.contiguous_format) after it: Inductor's FX-graph cache keys would differ
     # from the timing process's (where __main__ is skipped), so every lookup there would miss
@@ -61,9 +61,8 @@ def _worker(backend_name: str, folder: str, compile_too: bool, tasks: Any, out: 
 
     _, device, _ = prepare(backend_name, Path(folder))
     gen = OfflineGenerator()
-    pid = os.getpid()
-    out.put(("ready", pid, "", "", {}))
-    while (task := tasks.get()) is not None:
+    conn.send(("ready", "", "", {}))
+    while (task := conn.recv()) is not None:
         key = task.key
         try:
             problem = load_problem(Path(task.path), task.shapes)
@@ -74,12 +73,12 @@ def _worker(backend_name: str, folder: str, compile_too: bool, tasks: Any, out: 
                 expected = ref(*inputs)
             recipes = sorted(gen.recipes(problem.summary(), _language(backend_name)), key=lambda r: -r.rank)
         except Exception as exc:  # noqa: BLE001 - the problem's own fault, one line
-            out.put(("error", pid, key, "", {"detail": _line(exc)}))
-            out.put(("done", pid, key, "", {}))
+            conn.send(("error", key, "", {"detail": _line(exc)}))
+            conn.send(("done", key, "", {}))
             continue
         names = [r.name for r in recipes] + ([COMPILE] if compile_too else [])
         for name in (n for n in names if n not in task.skip):
-            out.put(("start", pid, key, name, {}))
+            conn.send(("start", key, name, {}))
             t0 = time.perf_counter()
             try:
                 if name == COMPILE:
@@ -101,13 +100,13 @@ def _worker(backend_name: str, folder: str, compile_too: bool, tasks: Any, out: 
             verdict["s"] = round(time.perf_counter() - t0, 3)
             if not device_usable(device):
                 verdict = {"status": "failed", "detail": f"GPU fault ({verdict.get('detail', '')})"}
-                out.put(("verdict", pid, key, name, verdict))
+                conn.send(("verdict", key, name, verdict))
                 return  # the context is lost: the parent starts a fresh worker
-            out.put(("verdict", pid, key, name, verdict))
+            conn.send(("verdict", key, name, verdict))
         del ref, inputs, expected
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        out.put(("done", pid, key, "", {}))
+        conn.send(("done", key, "", {}))
 
 
 def _language(backend_name: str) -> str:
@@ -122,7 +121,7 @@ def _line(exc: BaseException) -> str:
 @dataclass
 class _Slot:
     proc: Any
-    tasks: Any
+    conn: Any
     task: Task | None = None
     task_started: float = 0.0
     recipe_started: float = 0.0
@@ -145,19 +144,24 @@ def warm_up(
     """Warm every task in ``workers`` processes within ``deadline_s`` (a recipe or torch.compile running
     past ``recipe_s`` is cut: marked failed, its worker replaced); the outcome per problem key."""
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    results: Any = ctx.Queue()
     outcomes = {t.key: Outcome() for t in tasks}
     pending = sorted(tasks, key=lambda t: -t.mem)
     slots: list[_Slot] = []
     setup_failures = 0
 
     def spawn() -> _Slot:
-        q = ctx.Queue()
-        p = ctx.Process(
-            target=_worker, args=(backend_name, str(folder), compile_too, q, results), daemon=True
-        )
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_worker, args=(backend_name, str(folder), compile_too, theirs), daemon=True)
         p.start()
-        return _Slot(p, q)
+        theirs.close()
+        return _Slot(p, mine)
+
+    def replace(slot: _Slot) -> None:
+        if slot.proc.is_alive():
+            slot.proc.kill()
+        slot.proc.join(5)
+        slot.conn.close()
+        slots[slots.index(slot)] = spawn()
 
     def lose(slot: _Slot, why: str) -> None:
         """The slot's worker is gone: the recipe it ran failed; the rest of its problem goes back."""
@@ -171,10 +175,32 @@ def warm_up(
                 pending.insert(0, task)
             else:
                 outcomes[task.key].error = f"warm-up gave up after {task.tries} lost workers ({why})"
-        if slot.proc.is_alive():
-            slot.proc.kill()
-        slot.proc.join(5)
-        slots[slots.index(slot)] = spawn()
+        replace(slot)
+
+    def receive(slot: _Slot, kind: str, key: str, name: str, data: dict[str, Any]) -> None:
+        if kind == "ready":
+            slot.ready = True
+        elif slot.task is None or slot.task.key != key:
+            return
+        elif kind == "start":
+            slot.running, slot.recipe_started = name, time.monotonic()
+        elif kind == "verdict":
+            outcomes[key].verdicts[name] = data
+            slot.running = ""
+        elif kind == "error":
+            outcomes[key].error = data["detail"]
+        elif kind == "done":
+            outcomes[key].seconds += time.monotonic() - slot.task_started
+            slot.task = None
+
+    def drain(slot: _Slot) -> bool:
+        """Read every message the slot's worker has sent; False once its end is closed (it died)."""
+        try:
+            while slot.conn.poll():
+                receive(slot, *slot.conn.recv())
+        except (EOFError, OSError):
+            return False
+        return True
 
     start = time.monotonic()
     slots.extend(spawn() for _ in range(workers))
@@ -202,41 +228,30 @@ def warm_up(
                     s.task, s.task_started, s.recipe_started, s.running = fits[0], now, now, ""
                     pending.remove(fits[0])
                     in_flight += fits[0].mem
-                    s.tasks.put(s.task)
-        try:
-            kind, pid, key, name, data = results.get(timeout=0.2)
-        except queue.Empty:
-            kind, pid, key = "", -1, ""
-        slot = next((s for s in slots if s.proc.pid == pid), None)
-        if slot is not None and kind == "ready":
-            slot.ready = True
-        elif slot is None or slot.task is None or slot.task.key != key:
-            pass  # a message of a worker already replaced
-        elif kind == "start":
-            slot.running, slot.recipe_started = name, time.monotonic()
-        elif kind == "verdict":
-            outcomes[key].verdicts[name] = data
-            slot.running = ""
-        elif kind == "error":
-            outcomes[key].error = data["detail"]
-        elif kind == "done":
-            outcomes[key].seconds += time.monotonic() - slot.task_started
-            slot.task = None
+                    s.conn.send(s.task)
+        wait([s.conn for s in slots], timeout=0.2)
         for s in list(slots):
-            if s.task is not None and not s.proc.is_alive():
-                lose(s, f"worker exited ({s.proc.exitcode})")
+            if not drain(s) or not s.proc.is_alive():
+                drain(s)  # what it sent before it died
+                s.proc.join(5)
+                if s.task is not None:
+                    lose(s, f"worker exited ({s.proc.exitcode})")
+                else:
+                    setup_failures += not s.ready
+                    replace(s)
             elif s.task is not None and time.monotonic() - s.recipe_started > recipe_s:
                 log(f"# warm-up: {s.task.key} {s.running or 'setup'} ran past {recipe_s:.0f} s: cut")
                 lose(s, f"cut after {recipe_s:.0f} s in the warm-up")
-            elif s.task is None and not s.proc.is_alive():
-                setup_failures += not s.ready
-                slots[slots.index(s)] = spawn()
     for s in slots:
         if s.proc.is_alive() and s.task is None:
-            s.tasks.put(None)
+            try:
+                s.conn.send(None)
+            except OSError:
+                s.proc.kill()
     for s in slots:
         s.proc.join(10 if s.task is None else 0)
         if s.proc.is_alive():
             s.proc.kill()
             s.proc.join(5)
+        s.conn.close()
     return outcomes

@@ -1,0 +1,124 @@
+"""benchmarks/kernelbench.py end to end on PoCL: the parallel warm-up, then the serial timing, the table
+and its summary, over a folder of small problems where one is fine, one does not load, one is not
+recognised and one kills the warm-up's worker in every recipe it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "kernelbench.py"
+
+pytest.importorskip("pyopencl")
+
+RELU = """import torch
+import torch.nn as nn
+
+batch_size = 3
+dim = 37
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+{init}
+"""
+
+#: the vector_math recipe's ModelNew, built in a warm-up worker, takes the worker down (the timing
+#: process, which never runs a recipe the warm-up saw fail, is spared)
+CRASH = """    import inspect, multiprocessing, os
+
+    if multiprocessing.current_process().name != "MainProcess":
+        for f in inspect.stack():
+            if f.function == "run_recipe" and f.frame.f_locals["recipe"].name == "elementwise/vector_math":
+                os._exit(3)
+    return []"""
+
+UNRECOGNISED = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.linalg.qr(x)[0]
+
+
+def get_inputs():
+    return [torch.randn(6, 6)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _problems(tmp_path: Path) -> Path:
+    data = tmp_path / "kb"
+    (data / "level1").mkdir(parents=True)
+    (data / "level2").mkdir()
+    (data / "level1" / "relu.py").write_text(RELU.format(init="    return []"))
+    (data / "level1" / "broken.py").write_text("import torch\nraise RuntimeError('this problem is broken')\n")
+    (data / "level1" / "qr.py").write_text(UNRECOGNISED)
+    (data / "level2" / "relu_crash.py").write_text(RELU.format(init=CRASH))
+    return data
+
+
+def _run(tmp_path: Path, *extra: str) -> tuple[str, list[dict]]:
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, str(SCRIPT), "--backend", "opencl", "--small", "--data", str(_problems(tmp_path))]
+    argv += ["--workers", "2", "--budget-s", "0.005", "--json", str(out), "--cache-dir", str(tmp_path / "c")]
+    done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout, json.loads(out.read_text())
+
+
+def _check_table(text: str, rows: list[dict]) -> dict[str, dict]:
+    by = {r["problem"]: r for r in rows}
+    assert set(by) == {"level1/broken.py", "level1/qr.py", "level1/relu.py", "level2/relu_crash.py"}
+    assert "# warm-up: 2 problems" in text  # the two recognised ones
+    assert "broken.py: error while loading: RuntimeError" in by["level1/broken.py"]["error"]
+    assert by["level1/qr.py"]["recognised"] is False and "offline generator" in by["level1/qr.py"]["error"]
+    relu = by["level1/relu.py"]
+    assert relu["ms"] > 0 and relu["x_eager"] > 0 and relu["roof"] == "copy" and relu["times"]
+    crash = by["level2/relu_crash.py"]  # the recipe that lost its worker: failed, the others timed
+    assert crash["failed"] == ["elementwise/vector_math (worker exited (3))"]
+    assert crash["ms"] > 0 and "elementwise/vector_math" not in crash["times"] and len(crash["times"]) >= 1
+    for key in by:  # one line per problem, even the broken ones
+        assert sum(line.startswith(f"| {key} |") for line in text.splitlines()) == 1
+    assert "level1: 1/3 recognised, 1/3 correct and timed" in text
+    assert "level2: 1/1 recognised, 1/1 correct and timed" in text
+    assert "level1 memory-bound:" in text and "geo-mean x eager" in text
+    return by
+
+
+def test_table_with_parallel_warm_up_and_broken_problems(tmp_path: Path) -> None:
+    text, rows = _run(tmp_path, "--no-compile")
+    by = _check_table(text, rows)
+    assert "kernels from the compile cache" in text
+    assert by["level1/relu.py"]["x_compile"] != by["level1/relu.py"]["x_compile"]  # nan: not run
+
+
+@pytest.mark.slow
+def test_table_with_torch_compile_from_the_warm_up_cache(tmp_path: Path) -> None:
+    """torch.compile (Inductor's C++ backend here) compiled by a worker, served from its cache."""
+    text, rows = _run(tmp_path)
+    by = _check_table(text, rows)
+    assert by["level1/relu.py"]["x_compile"] > 0
+    assert "Inductor FX-graph cache 1 hits, 0 misses" in text or "FX-graph cache 2 hits, 0 misses" in text
