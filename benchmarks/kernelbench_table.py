@@ -19,8 +19,11 @@ MEM_BAR = 0.9
 def notes(row: dict[str, Any]) -> str:
     """The recipes that were wrong, failed or not measured, for the recipe column."""
     parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed", "cut") if row.get(k)]
-    if row.get("compile_error"):
-        parts.append(f"torch.compile: {row['compile_error']}")
+    if row.get("untimed"):
+        parts.append(f"{len(row['untimed'])} more correct, not timed (--top)")
+    for k in ("compile_error", "compile_note"):
+        if row.get(k):
+            parts.append(f"torch.compile: {row[k]}")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

@@ -95,6 +95,10 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
                 verdict: dict[str, Any] = (
                     {"status": "correct"} if ms is not None else {"status": "wrong", "err": err}
                 )
+            except (
+                torch.cuda.OutOfMemoryError
+            ):  # beside the other workers' tasks: the timing process checks it
+                verdict = {"status": "unchecked", "detail": "out of memory in the warm-up"}
             except Exception as exc:  # noqa: BLE001 - a recipe that fails to build or launch loses only itself
                 verdict = {"status": "failed", "detail": _line(exc)}
             verdict["s"] = round(time.perf_counter() - t0, 3)
