@@ -158,6 +158,28 @@ def test_fp64_moves_the_mix_axis() -> None:
 
 
 @needs_sycl
+def test_special_functions_are_read_from_opencl_std_ext_insts() -> None:
+    """exp and rsqrt are OpExtInst of OpenCL.std (sfu); fma is 2 FLOPs of fp32."""
+    body = "c[i] = sycl::exp(v) * sycl::rsqrt(v + 1.f);"
+    src = (
+        HEADER
+        + r"""
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void k(const float* a, float* c) {
+    size_t i = syclext::this_work_item::get_nd_item<1>().get_global_id(0);
+    float v = a[i];
+    BODY
+}
+"""
+    )
+    special = _feats(src.replace("BODY", body))
+    plain = _feats(src.replace("BODY", "c[i] = sycl::fma(v, v, 1.f);"))
+    assert special["sfu_share"] == 0.5 and special["mix"] == 2  # exp, rsqrt; the add and the multiply
+    assert plain["sfu_share"] == 0 and plain["mix"] == 1
+    assert plain["kernel_intensity"] == 2 / 8  # one fma over a 4-byte load and a 4-byte store
+
+
+@needs_sycl
 def test_occupancy_falls_with_local_memory_per_work_group() -> None:
     small, large = _feats(TILED, TS=8), _feats(TILED, TS=90)
     assert large["shared_bytes"] == 2 * 90 * 90 * 4

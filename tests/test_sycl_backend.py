@@ -179,6 +179,9 @@ def test_vector_add_zero_copy(backend: SyclBackend, add_module: object) -> None:
     mod = add_module
     assert mod.kernel_names == ["add", "scale2d"]  # type: ignore[attr-defined]
     assert mod.compile_time_s > 0 and mod.resources["add"]["max_work_group_size"] >= 1  # type: ignore[attr-defined]
+    report = mod.resources["add"]  # type: ignore[attr-defined]
+    # the device image's (SPIR-V) size, and the local memory the OpenCL runtime counts: none
+    assert report["binary_bytes"] > 20 and report["local_mem_bytes"] == 0
     n = 1000
     a, b, c = torch.rand(n), torch.rand(n), torch.zeros(n)
     mod.add(a, b, c, n, grid=(8, 1, 1), block=(128, 1, 1))  # type: ignore[attr-defined]
@@ -202,6 +205,7 @@ def test_defines_change_the_kernel(backend: SyclBackend) -> None:
 @pytest.mark.parametrize("wg", [32, 128])
 def test_local_memory_barriers_and_sub_groups(backend: SyclBackend, wg: int) -> None:
     mod = backend.load(REDUCE, defines={"WG": wg})
+    assert mod.resources["rowsum"]["local_mem_bytes"] >= wg * 4  # its work_group_static<float[WG]>
     rows, cols = 5, 300
     x = torch.randn(rows, cols)
     out = torch.empty_like(x)

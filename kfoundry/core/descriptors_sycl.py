@@ -1,6 +1,8 @@
 """Static behaviour descriptors of SYCL kernels: the OpenCL/CUDA patterns in SYCL's vocabulary.
 
-Registered for the ``sycl`` language by the SYCL backend (:mod:`kfoundry.core.behaviour.registry`).
+Registered for the ``sycl`` language by the SYCL backend (:mod:`kfoundry.core.behaviour.registry`), with
+the measurer of :mod:`kfoundry.core.behaviour.measure_sycl` (the runtime's SPIR-V); these patterns
+are the static axes, and the measured axes' stand-in where the SYCL runtime is missing.
 """
 
 from __future__ import annotations

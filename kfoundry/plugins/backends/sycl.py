@@ -31,7 +31,10 @@ not change) and turns on the runtime's persistent JIT cache (``SYCL_CACHE_PERSIS
 ``~/.cache/kfoundry/sycl/jit``; set ``SYCL_CACHE_PERSISTENT=0`` to turn it off): recompiling a known
 source with known defines takes ~0.2 s instead of ~2 s.
 
-Also registers the ``sycl`` hardware detector: a :class:`DeviceProfile` per device the runtime reports.
+Also registers the ``sycl`` hardware detector: a :class:`DeviceProfile` per device the runtime reports,
+and the measured descriptors (:mod:`kfoundry.core.behaviour.measure_sycl`: the device image's SPIR-V
+from :mod:`.sycl_artefact`, read by :mod:`kfoundry.core.behaviour.spirv`). Each kernel's report adds
+the runtime's local memory (``clGetKernelWorkGroupInfo``) and the images' size (``binary_bytes``).
 
 The parts: :mod:`.sycl_runtime` (the wheels, start-up, devices), :mod:`.sycl_shim` (the g++ host shim
 and its ctypes table), :mod:`.sycl_source` (defines, kernel signatures, the log's lines),
