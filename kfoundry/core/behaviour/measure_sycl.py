@@ -18,8 +18,8 @@ from typing import Any
 from kfoundry.core.behaviour import spirv
 from kfoundry.core.behaviour.features import derive, merge
 from kfoundry.core.behaviour.measure import MeasureContext, with_placeholders
-from kfoundry.core.behaviour.mix import Mix
-from kfoundry.core.models import ParamValue
+from kfoundry.core.behaviour.mix import weigh
+from kfoundry.core.models import DeviceProfile, ParamValue
 
 log = logging.getLogger("kfoundry.descriptors")
 
@@ -49,7 +49,8 @@ def measure_sycl(
     if why:
         log.info("measured descriptors: no SYCL runtime: %s", why)
         return None
-    position = ctx.device.index if ctx.device is not None and ctx.device.backend == "sycl" else 0
+    profile = ctx.device if ctx.device is not None and ctx.device.backend == "sycl" else None
+    position = profile.index if profile is not None else 0
     out = []
     for src in programs:
         try:
@@ -67,7 +68,7 @@ def measure_sycl(
             return None
         if not modules:
             return None
-        out.append(_features(modules, art.kernels, art.device, ctx))
+        out.append(_features(modules, art.kernels, art.device, profile, ctx.problem_intensity))
     return {**merge(out), "measured": 1.0}
 
 
@@ -79,35 +80,25 @@ def _features(
     modules: list[spirv.Module],
     reports: dict[str, dict[str, object]],
     device: dict[str, object],
-    ctx: MeasureContext,
+    profile: DeviceProfile | None,
+    problem_intensity: float | None,
 ) -> dict[str, float]:
-    mix = functools.reduce(_add, (m.mix() for m in modules))
+    mix = weigh([listing for m in modules for listing in m.listings()])
     rows = list(reports.values()) or [{}]
     declared = max(m.workgroup_bytes for m in modules)
     local_bytes = max([float(declared)] + [_number(r, "local_mem_bytes") for r in rows])
-    kernel_wg = min(_number(r, "max_work_group_size") or float("inf") for r in rows)
+    kernel_wg = min(
+        (_number(r, "max_work_group_size") for r in rows if _number(r, "max_work_group_size")), default=0.0
+    )
     device_local = float(
-        (ctx.device.local_mem_bytes if ctx.device else None) or _number(device, "local_mem_bytes") or 65536
+        (profile.local_mem_bytes if profile else None) or _number(device, "local_mem_bytes") or 65536
     )
     device_wg = float(
-        (ctx.device.max_work_group_size if ctx.device else None) or _number(device, "max_work_group_size")
+        (profile.max_work_group_size if profile else None) or _number(device, "max_work_group_size")
     )
-    occ = occupancy(local_bytes, device_local, 0.0 if kernel_wg == float("inf") else kernel_wg, device_wg)
-    feats = derive(mix, shared_bytes=local_bytes, occupancy=occ, problem_intensity=ctx.problem_intensity)
+    occ = occupancy(local_bytes, device_local, kernel_wg, device_wg)
+    feats = derive(mix, shared_bytes=local_bytes, occupancy=occ, problem_intensity=problem_intensity)
     feats["private_mem_bytes"] = max(_number(r, "private_mem_bytes") for r in rows)
     feats["binary_bytes"] = float(sum(4 * m.words for m in modules))
     feats["spirv_instructions"] = float(sum(m.instructions for m in modules))
     return feats
-
-
-def _add(a: Mix, b: Mix) -> Mix:
-    counts = dict(a.counts)
-    for k, v in b.counts.items():
-        counts[k] = counts.get(k, 0.0) + v
-    return Mix(
-        counts=counts,
-        flops=a.flops + b.flops,
-        global_bytes=a.global_bytes + b.global_bytes,
-        wide_accesses=a.wide_accesses + b.wide_accesses,
-        max_depth=max(a.max_depth, b.max_depth),
-    )

@@ -76,9 +76,13 @@ class Module:
     instructions: int = 0
     version: tuple[int, int] = (0, 0)
 
+    def listings(self) -> list[Listing]:
+        """Every kernel and the functions they call."""
+        return [*self.kernels.values(), *self.callees]
+
     def mix(self) -> Mix:
         """The loop-weighted mix of every kernel and the functions they call."""
-        return weigh([*self.kernels.values(), *self.callees])
+        return weigh(self.listings())
 
 
 def words_of(data: bytes) -> list[int]:
