@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outcome = outcomes.get(key)
             try:
-                if outcome is not None and outcome.error and not outcome.verdicts:
+                if outcome is not None and outcome.fatal:
                     row = {"problem": key, "recognised": True, "error": f"warm-up: {outcome.error}"}
                 else:
                     row = _measure(key, problem, recipes, outcome, setup, run_state)

@@ -75,11 +75,12 @@ def summary(rows: list[dict[str, Any]], compiled: bool) -> list[str]:
         recog = sum(1 for r in mine if r.get("recognised"))
         cut = sum(1 for r in mine if "ms" not in r and r.get("cut"))
         comp = geo([r["x_compile"] for r in good]) if compiled else math.nan
+        n_comp = sum(1 for r in good if r["x_compile"] == r["x_compile"])
         lines.append(
             f"{scope}: {recog}/{len(mine)} recognised, {len(good)}/{len(mine)} correct and timed"
             + (f" ({cut} cut)" if cut else "")
             + f"; geo-mean x eager {_num(geo([r['x_eager'] for r in good]), '.2f')}, "
-            f"x torch.compile {_num(comp, '.2f')}, x naive {_num(geo([r['x_naive'] for r in good]), '.2f')}"
+            f"x torch.compile {_num(comp, '.2f')} (over {n_comp}), x naive {_num(geo([r['x_naive'] for r in good]), '.2f')}"
         )
     for scope in levels:
         mem = [r for r in rows if _level(r) == scope and "ms" in r and r["roof"] == "copy"]

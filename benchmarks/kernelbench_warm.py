@@ -41,6 +41,9 @@ class Outcome:
 
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str = ""
+    #: the error is the problem's own (its reference fails, or it took down every worker it met): the
+    #: timing process skips it; otherwise (not warmed in time) the timing process compiles it itself
+    fatal: bool = False
     seconds: float = 0.0
 
 
@@ -179,6 +182,7 @@ def warm_up(
                 pending.insert(0, task)
             else:
                 outcomes[task.key].error = f"warm-up gave up after {task.tries} lost workers ({why})"
+                outcomes[task.key].fatal = True
         replace(slot)
 
     def receive(slot: _Slot, kind: str, key: str, name: str, data: dict[str, Any]) -> None:
@@ -192,7 +196,7 @@ def warm_up(
             outcomes[key].verdicts[name] = data
             slot.running = ""
         elif kind == "error":
-            outcomes[key].error = data["detail"]
+            outcomes[key].error, outcomes[key].fatal = data["detail"], True
         elif kind == "done":
             outcomes[key].seconds += time.monotonic() - slot.task_started
             slot.task = None
@@ -247,13 +251,13 @@ def warm_up(
                 log(f"# warm-up: {s.task.key} {s.running or 'setup'} ran past {recipe_s:.0f} s: cut")
                 lose(s, f"cut after {recipe_s:.0f} s in the warm-up")
     for s in slots:
-        if s.proc.is_alive() and s.task is None:
+        if s.proc.is_alive() and s.task is None and s.ready:
             try:
                 s.conn.send(None)
             except OSError:
                 s.proc.kill()
     for s in slots:
-        s.proc.join(10 if s.task is None else 0)
+        s.proc.join(10 if s.task is None and s.ready else 0)
         if s.proc.is_alive():
             s.proc.kill()
             s.proc.join(5)
