@@ -217,6 +217,15 @@ def test_spirv_reader_on_the_runtimes_own_binary() -> None:
 
 
 @needs_sycl
+def test_a_kernelbench_candidate_with_a_run_time_shape_macro_is_measured() -> None:
+    """The kernel string of a ModelNew is measured; an undefined upper-case macro gets the placeholder."""
+    kernel = TILED.replace("int n)", "int unused)").replace("< n;", "< N;").replace("* n", "* N")
+    source = f'SRC = r"""{kernel}"""\nclass ModelNew:\n    pass\n'
+    feats = _space().features(Candidate(source=source, language="sycl", params={"TS": 16}))
+    assert feats["measured"] == 1.0 and feats["shared_bytes"] == 2048
+
+
+@needs_sycl
 def test_a_program_that_does_not_build_is_measured_zero() -> None:
     feats = _feats(
         HEADER + 'extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))\nvoid k( {'

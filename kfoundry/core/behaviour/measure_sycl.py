@@ -1,8 +1,8 @@
 """The SYCL measurer: the runtime's kernel compiler builds the program; the features come from its SPIR-V.
 
 The device image's backend content (``ext_oneapi_get_backend_content()``, SPIR-V on the OpenCL
-backend) is read by :mod:`.spirv` into the loop-weighted mix; local memory is the larger of the
-Workgroup variables the image declares and what the runtime reports per kernel; occupancy is the
+backend) is read by :mod:`.spirv` into the loop-weighted mix; local memory is what the runtime
+reports per kernel (the largest), else the Workgroup variables the image declares; occupancy is the
 local-memory share of the device (as OpenCL's) times the kernel's work-group size limit over the
 device's. Where the runtime, a device or the backend content is missing the measurer returns None
 (the space warns once and reads the static patterns); a program that does not build gets
@@ -85,8 +85,9 @@ def _features(
 ) -> dict[str, float]:
     mix = weigh([listing for m in modules for listing in m.listings()])
     rows = list(reports.values()) or [{}]
-    declared = max(m.workgroup_bytes for m in modules)
-    local_bytes = max([float(declared)] + [_number(r, "local_mem_bytes") for r in rows])
+    # the runtime's figure is per kernel; the image's Workgroup variables are the whole module's
+    reported = [_number(r, "local_mem_bytes") for r in rows if "local_mem_bytes" in r]
+    local_bytes = max(reported) if reported else float(max(m.workgroup_bytes for m in modules))
     kernel_wg = min(
         (_number(r, "max_work_group_size") for r in rows if _number(r, "max_work_group_size")), default=0.0
     )
