@@ -98,7 +98,8 @@ def test_cuda_offers_the_cooperative_schedule() -> None:
 @pytest.mark.parametrize("key", COOP)
 def test_cooperative_schedule_is_correct_on_pocl(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     recipe, problem = _coop_opencl(key, monkeypatch, rb=2 if "transposed" in key else 4)
-    assert "kf_lane" in recipe.kernel or "RB" in recipe.defaults, key
+    # lanes, register blocks, or the work-group pieces of a long reduction over a buffer's trailing dims
+    assert "kf_lane" in recipe.kernel or "RB" in recipe.defaults or "piece(" in recipe.kernel, key
     with Evaluator(problem, fast_config(cache=False)) as evaluator:  # type: ignore[arg-type]
         record = evaluator.evaluate_many([recipe.candidate()])[0]
     assert record.outcome is Outcome.correct, f"{key}: {record.message}\n{(record.log or '')[-3000:]}"

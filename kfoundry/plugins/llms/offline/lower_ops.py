@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from kfoundry.plugins.llms.offline.lower import Lowering
 
 CHUNK = 64
+#: Before a row loop: four iterations' loads in flight together (a loop's trip count is known only at run time).
+UNROLL4 = '_Pragma("unroll 4")'
 
 
 def _args(node: fx.Node) -> list[Any]:
@@ -472,7 +474,7 @@ def chunked_sum(
             f"            float {part} = 0.0f;\n"
             f"            const kf_long {q}_end = {q0} + {span} < (kf_long)({count}) ? {q0} + {span} : "
             f"(kf_long)({count});\n"
-            f"            for (kf_long {q} = {q0} + kf_lane; {q} < {q}_end; {q} += 32) {{ {pre.replace('{q}', q)}"
+            f"            {UNROLL4} for (kf_long {q} = {q0} + kf_lane; {q} < {q}_end; {q} += 32) {{ {pre.replace('{q}', q)}"
             f"{part} += {term(q)}; }}\n"
             f"            {acc} += {part};\n        }}\n"
             f"        {acc} = kf_wsum({acc});"
@@ -483,7 +485,7 @@ def chunked_sum(
         f"            float {part} = 0.0f;\n"
         f"            const kf_long {q}_end = {q0} + {CHUNK} < (kf_long)({count}) ? {q0} + {CHUNK} : "
         f"(kf_long)({count});\n"
-        f"            for (kf_long {q} = {q0}; {q} < {q}_end; ++{q}) {{ {pre.replace('{q}', q)}"
+        f"            {UNROLL4} for (kf_long {q} = {q0}; {q} < {q}_end; ++{q}) {{ {pre.replace('{q}', q)}"
         f"{part} += {term(q)}; }}\n"
         f"            {acc} += {part};\n        }}"
     )
@@ -504,8 +506,8 @@ def extreme_loop(
 def row_loop(var: str, count: str, lanes: bool) -> str:
     """The header of a loop over a row's ``count`` elements (lane-strided across a warp with ``lanes``)."""
     if lanes:
-        return f"for (kf_long {var} = kf_lane; {var} < (kf_long)({count}); {var} += 32)"
-    return f"for (kf_long {var} = 0; {var} < {count}; ++{var})"
+        return f"{UNROLL4} for (kf_long {var} = kf_lane; {var} < (kf_long)({count}); {var} += 32)"
+    return f"{UNROLL4} for (kf_long {var} = 0; {var} < {count}; ++{var})"
 
 
 def _nan_max(a: str, x: str, op: str) -> str:
