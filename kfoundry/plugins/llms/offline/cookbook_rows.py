@@ -652,26 +652,34 @@ def _cluster_size(spec: OpSpec) -> int:
     return int(ns["_cluster"](spec.outer, spec.R))  # type: ignore[operator]
 
 
+def _cluster_parts(op: RowOp, decl: str, slot: str) -> tuple[str, str, str, str, str, str, str]:
+    """C snippets of the cluster recipes: the warp shuffle merge, the shared declarations (a block's
+    partials ``part_<stat>`` sized ``decl``), a warp's save and warp 0's load of the warp partials, the
+    block partial's store (at ``slot``), the remote read of rank ``rk``'s partial, the float4 output."""
+    names = [n for n, _ in op.stats]
+    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
+    shared = "\n    ".join(f"__shared__ float sh_{n}[32]; __shared__ float part_{n}{decl};" for n in names)
+    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
+    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
+    bc_w = " ".join(f"part_{n}{slot} = {n};" for n in names)
+    remote = " ".join(
+        f"float {n}_o = *static_cast<float*>(__cluster_map_shared_rank(&part_{n}{slot}, rk));" for n in names
+    )
+    out4 = (
+        f"float x; int j = j0; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
+        f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
+    )
+    return shfl, shared, save_w, load_w, bc_w, remote, out4
+
+
 def _cluster_rows(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
     """A cluster of CL blocks per row (sm_90): each block keeps its CL-th of the row in shared memory
     (float4 loads, UNROLL in flight), the row's statistics meet through warp shuffles, shared memory and
     the cluster's distributed shared memory (every block merges the CL partials in rank order), then each
     block writes its chunk from shared memory: one read and one write of the row. Rows that do not split
     into float4 chunks of at most 200 KB, or unaligned data, run the warp-per-row kernel."""
-    names = [n for n, _ in op.stats]
-    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
-    shared = "\n    ".join(f"__shared__ float sh_{n}[32]; __shared__ float part_{n};" for n in names)
-    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
-    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
-    bc_w = " ".join(f"part_{n} = {n};" for n in names)
-    remote = " ".join(
-        f"float {n}_o = *static_cast<float*>(__cluster_map_shared_rank(&part_{n}, rk));" for n in names
-    )
+    shfl, shared, save_w, load_w, bc_w, remote, out4 = _cluster_parts(op, "", "")
     acc4 = op.acc4
-    out4 = (
-        f"float x; int j = j0; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
-        f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
-    )
     csig = sig.replace("int inner", "int inner, int vec4")
     kernel = f"""{warp.replace("void rows(", "void rows_warp(")}
 // ROW_LEN (the row length) and CL (blocks per row) are defined when the program is built
@@ -759,18 +767,8 @@ def _cluster_stream(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
     statistics (and the next row's number) sit in double-buffered shared slots read through distributed
     shared memory. Rows that do not split into float4 chunks of at most 200 KB run the warp kernel."""
     names = [n for n, _ in op.stats]
-    shfl = " ".join(f"float {n}_o = __shfl_xor_sync(0xffffffffu, {n}, off);" for n in names)
-    shared = "\n    ".join(f"__shared__ float sh_{n}[32]; __shared__ float part_{n}[2];" for n in names)
-    save_w = " ".join(f"sh_{n}[warp] = {n};" for n in names)
-    load_w = " ".join(f"{n} = lane < NWARPS ? sh_{n}[lane] : {init};" for n, init in op.stats)
-    bc_w = " ".join(f"part_{n}[buf] = {n};" for n in names)
-    remote = " ".join(
-        f"float {n}_o = *static_cast<float*>(__cluster_map_shared_rank(&part_{n}[buf], rk));" for n in names
-    )
-    out4 = (
-        f"{{ float x; int j = j0; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
-        f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out}; }}"
-    )
+    shfl, shared, save_w, load_w, bc_w, remote, out4 = _cluster_parts(op, "[2]", "[buf]")
+    out4 = f"{{ {out4} }}"
     csig = sig.replace("int inner", "int inner, int* __restrict__ counter")
     kernel = f"""{warp.replace("void rows(", "void rows_warp(")}
 // ROW_LEN (the row length), CL (blocks per row), BLOCK and UNROLL are defined when the program is built
