@@ -33,7 +33,7 @@ KERNEL_MODEL = 6
 
 _FP_ARITH = {127: 0, 129: 1, 131: 1, 133: 1, 136: 1, 140: 1, 141: 1, 142: 1, 143: 1, 148: 2}
 _FP_COMPARE = set(range(180, 192)) | {115}  # OpFOrd*/OpFUnord*, OpFConvert
-_INT = {128, 130, 132, 134, 135, 137, 138, 139, 194, 195, 196, 197, 198, 199, 200}
+_INT = {126, 128, 130, 132, 134, 135, 137, 138, 139, 194, 195, 196, 197, 198, 199, 200}
 _INT |= set(range(170, 180)) | set(range(109, 115))  # integer compares, conversions
 _ATOMIC = set(range(227, 243)) | {318, 319, 5614, 5615, 6035}
 _GROUP = set(range(261, 272)) | set(range(333, 367)) | {4421, 4422, 4428, 4429, 4430, 4431, 4432}
@@ -44,20 +44,10 @@ _ASYNC = {259, 260}
 _SFU = set(range(0, 12)) | set(range(14, 23)) | {32, 35, 36, 37, 38, 39, 40, 41, 48, 49, 50, 54, 56}
 _SFU |= set(range(57, 66)) | set(range(67, 95))
 _FMA = {26, 42}  # fma, mad
-_FP_EXT = {
-    23,
-    24,
-    27,
-    28,
-    43,
-    44,
-    95,
-    97,
-    98,
-    99,
-    102,
-}  # fabs, fdim, fmax, fmin, maxmag, minmag, clamp, mix, ...
-_VLOAD, _VSTORE, _PREFETCH = {171, 173, 174, 177}, {172, 175, 176, 178, 179, 180, 181}, 185
+# fabs, fdim, fmax, fmin, maxmag, minmag, fclamp, fmax_common, fmin_common, mix, smoothstep
+_FP_EXT = {23, 24, 27, 28, 43, 44, 95, 97, 98, 99, 102}
+# vloadn, vload_half(n), vloada_halfn; vstoren, vstore_half(_r), vstore_halfn(_r), vstorea_halfn(_r)
+_VLOAD, _VSTORE, _PREFETCH = {171, 173, 174, 179}, {172, 175, 176, 177, 178, 180, 181}, 185
 
 
 class SpirvError(ValueError):
@@ -158,7 +148,8 @@ def _fp_class(bits: int) -> str:
 
 def _instr(op: int, ops: list[int], types: _Types, opencl_std: set[int]) -> Instr | None:
     if op in _FP_ARITH or op in _FP_COMPARE:
-        lanes, _kind, bits = types.lanes(ops[0])
+        compare = op in _FP_COMPARE and op != 115  # a bool result: the operands' width decides
+        lanes, _kind, bits = types.lanes(types.type_of.get(ops[2], 0) if compare else ops[0])
         return Instr(_fp_class(bits), _FP_ARITH.get(op, 0) * lanes)
     if op in _INT:
         return Instr("int")
@@ -173,7 +164,8 @@ def _instr(op: int, ops: list[int], types: _Types, opencl_std: set[int]) -> Inst
     if op in _GROUP:
         return Instr("shuffle")
     if op in _ATOMIC:
-        local = len(ops) > 2 and types.storage(ops[2]) == WORKGROUP
+        pointer = ops[0] if op in (228, 319) else ops[2] if len(ops) > 2 else 0  # OpAtomicStore, FlagClear
+        local = types.storage(pointer) == WORKGROUP
         return Instr("shared") if local else Instr("atomic", global_bytes=4)
     if op in _ASYNC:
         return Instr("async_copy")
@@ -303,10 +295,11 @@ def parse(data: bytes) -> Module:
 
 #: Opcodes whose operands start with (result type, result id): what the reader needs them for.
 _HAS_RESULT = (
-    {12, 43, 44, 46, 54, 55, 57, 59, 61, 65, 66, 67, 70, 83, 121, 122, 124, 169, 245}
+    {12, 41, 42, 43, 44, 46, 54, 55, 57, 59, 61, 65, 66, 67, 70, 77, 78, 79, 80, 81, 82, 83}
+    | {121, 122, 124, 169, 245}
     | set(_FP_ARITH)
     | _FP_COMPARE
     | _INT
     | (_ATOMIC - {228, 319})
-    | _GROUP
+    | (_GROUP - {5576, 5578})  # the Intel block writes have no result
 )
