@@ -201,6 +201,9 @@ CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
         {},
     ),
     ("level1/matrix_vector.py", {"M": 37, "K": 1028}, "matmul/gemv_block", {}),
+    # K split over warps: float4 batches of eight and their remainder; odd K (scalar); a last partial block
+    ("level1/matrix_vector.py", {"M": 37, "K": 8196}, "matmul/gemv_rows", {}),
+    ("level1/matrix_vector.py", {"M": 3, "K": 1001}, "matmul/gemv_rows", {"KS": 2}),
     ("level1/max_over_dim.py", {"batch_size": 3, "dim1": 70, "dim2": 37}, "reduce/inner_columns", {}),
     ("level1/min_over_dim.py", {"batch_size": 3, "dim1": 20, "dim2": 37}, "reduce/inner_columns", {}),
     # rows split into ranges: eight-load batches and a remainder, odd columns, keepdim

@@ -1398,6 +1398,98 @@ return y
     )
 
 
+def gemv_rows(spec: OpSpec) -> Recipe | None:
+    """CUDA matrix times a column vector (no bias or epilogue), each row a dot product: KS warps per row
+    split K (so that short or few rows still fill the GPU), eight float4 loads of the row and of the vector
+    in flight per lane (their products summed per batch), warp shuffles, then the row's KS partials in
+    shared memory. Scalar where K % 4 != 0 or A, B are not 16-byte aligned."""
+    if (
+        spec.family != "matmul"
+        or spec.N != 1
+        or spec.linear
+        or spec.bias
+        or spec.expr is not None
+        or spec.dtype != "float32"
+        or [len(s) for s in spec.input_shapes] != [2, 2]
+    ):
+        return None
+    dot = "fmaf(x[u].x, y[u].x, fmaf(x[u].y, y[u].y, fmaf(x[u].z, y[u].z, x[u].w * y[u].w)))"
+    kernel = f"""
+#define WARPS (BLOCK / 32)
+#define RB (WARPS / KS)
+extern "C" __global__ void __launch_bounds__(BLOCK) gemv(const float* __restrict__ A, const float* __restrict__ B,
+                                                         float* __restrict__ C, int M, int K) {{
+    __shared__ float part[WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * RB + warp / KS, ks = warp % KS;
+    float acc = 0.0f;
+    if (r < M) {{
+        const float* a = A + (size_t)r * K;
+        if ((K & 3) == 0 && (reinterpret_cast<size_t>(A) & 15) == 0 && (reinterpret_cast<size_t>(B) & 15) == 0) {{
+            const int K4 = K >> 2, per = (K4 + KS - 1) / KS, c0 = ks * per, c1 = min(K4, c0 + per);
+            const float4* a4 = reinterpret_cast<const float4*>(a);
+            const float4* b4 = reinterpret_cast<const float4*>(B);
+            int c = c0 + lane;
+            for (; c + 7 * 32 < c1; c += 8 * 32) {{  // eight loads of A (and of B) in flight per lane
+                float4 x[8], y[8];
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) {{ x[u] = __ldg(a4 + c + 32 * u); y[u] = __ldg(b4 + c + 32 * u); }}
+                float s[8];
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) s[u] = {dot};
+                acc += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+            }}
+            for (; c < c1; c += 32) {{
+                const float4 x0 = __ldg(a4 + c), y0 = __ldg(b4 + c);
+                acc += fmaf(x0.x, y0.x, fmaf(x0.y, y0.y, fmaf(x0.z, y0.z, x0.w * y0.w)));
+            }}
+        }} else {{
+            const int per = (K + KS - 1) / KS, k0 = ks * per, k1 = min(K, k0 + per);
+            for (int q0 = k0; q0 < k1; q0 += 32 * 64) {{  // partial sums per 64 terms of a lane
+                float s = 0.0f;
+                const int q1 = min(k1, q0 + 32 * 64);
+                for (int k = q0 + lane; k < q1; k += 32) s = fmaf(__ldg(a + k), __ldg(B + k), s);
+                acc += s;
+            }}
+        }}
+    }}
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x < RB) {{
+        const int row = blockIdx.x * RB + threadIdx.x;
+        float t = 0.0f;
+        #pragma unroll
+        for (int q = 0; q < KS; ++q) t += part[threadIdx.x * KS + q];
+        if (row < M) C[row] = t;
+    }}
+}}
+"""
+    forward = """
+M, K = a.shape
+c = torch.empty((M, 1), dtype=a.dtype, device=a.device)
+self.prog.gemv(a, b, c, M, K, grid=(max(1, _cdiv(M, p['BLOCK'] // 32 // p['KS'])), 1, 1), block=(p['BLOCK'], 1, 1))
+return c
+"""
+    return Recipe(
+        "matmul/gemv_rows",
+        "matmul",
+        "cuda",
+        kernel,
+        forward,
+        ["a", "b"],
+        TunableSpace(
+            params={"BLOCK": [128, 256, 512], "KS": [1, 2, 4, 8]}, restrictions=["BLOCK // 32 % KS == 0"]
+        ),
+        {"BLOCK": 256, "KS": 4},
+        rank=5,
+        modules=spec.modules,
+        description="a dot product per row, K split over a few warps, eight float4 loads in flight per "
+        "lane, warp shuffles and shared memory",
+    )
+
+
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     out = opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
     extra = [split_rows(spec, language), inner_vector(spec, language)]

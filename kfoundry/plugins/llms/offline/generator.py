@@ -95,6 +95,9 @@ class OfflineGenerator(Generator):
                 cookbook = [r for r in found if r is not None]
             else:
                 cookbook = _COOKBOOKS[spec.family].recipes(spec, language)
+                gemv = cookbook_rows.gemv_rows(spec) if language == "cuda" else None
+                if gemv is not None:  # a matrix-vector product is a row reduction
+                    cookbook = [*cookbook, gemv]
             usable = [_with_valid_defaults(r) for r in cookbook]
             self._recipes[key] = [r for r in usable if r is not None]
             if not self._recipes[key]:
