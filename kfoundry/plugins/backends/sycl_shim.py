@@ -31,18 +31,32 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("KF_SYCL_CXX", "g++"))
 
 
-def build_shim(versions: dict[str, str], include_dir: Path, lib_dir: Path, cxx: str) -> Path:
-    """The shim library, built with ``cxx`` unless the cache holds it already (raises RuntimeError)."""
+def build_shim(
+    versions: dict[str, str], include_dir: Path, lib_dir: Path, cxx: str, opencl: bool | None = None
+) -> Path:
+    """The shim library, built with ``cxx`` unless the cache holds it already (raises RuntimeError).
+
+    ``opencl`` (default: where the wheel's ``libOpenCL.so`` sits beside libsycl) links the OpenCL ICD
+    loader for the kernels' local memory; a build that fails with it is retried without."""
+    if opencl is None:
+        opencl = (lib_dir / "libOpenCL.so").exists()
+    if opencl:
+        try:
+            return _build(versions, include_dir, lib_dir, cxx, True)
+        except RuntimeError:
+            pass
+    return _build(versions, include_dir, lib_dir, cxx, False)
+
+
+def _build(versions: dict[str, str], include_dir: Path, lib_dir: Path, cxx: str, with_opencl: bool) -> Path:
     source = SHIM_SOURCE.read_bytes()
     try:
         cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         cxx_version = ""
-    # the wheel's OpenCL ICD loader, where it sits beside libsycl: kernels' local memory from
-    # clGetKernelWorkGroupInfo. It needs the wheel's libsvml & co, which only an old-style RPATH (searched
-    # for dependencies of dependencies, unlike RUNPATH) finds without LD_LIBRARY_PATH.
-    has_opencl = (lib_dir / "libOpenCL.so").exists()
-    opencl = ["-DKF_HAVE_OPENCL", "-lOpenCL", "-Wl,--disable-new-dtags"] if has_opencl else []
+    # the wheel's OpenCL ICD loader (clGetKernelWorkGroupInfo) needs the wheel's libsvml & co, which only an
+    # old-style RPATH (searched for dependencies of dependencies, unlike RUNPATH) finds without LD_LIBRARY_PATH
+    opencl = ["-DKF_HAVE_OPENCL", "-lOpenCL", "-Wl,--disable-new-dtags"] if with_opencl else []
     key = hashlib.sha256(
         source + json.dumps([versions, str(lib_dir), cxx_version.splitlines()[:1], opencl]).encode()
     ).hexdigest()[:16]
