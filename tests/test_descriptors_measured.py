@@ -174,7 +174,10 @@ def test_cuda_kernelbench_candidate_with_shape_macros_and_params() -> None:
 
 
 def test_static_stand_in_when_a_language_has_no_measurer(caplog) -> None:
-    space = build_space("sycl", "measured", extractor=extractor_for("sycl"))
+    """An extractor with static patterns only (a plugin language's, say): one warning, never a silent zero cell."""
+    from kfoundry.core.descriptors_sycl import sycl_descriptors
+
+    space = build_space("sycl", "measured", extractor=sycl_descriptors(measurer=None))
     src = "void k(sycl::nd_item<1> it) { sycl::group_barrier(it.get_group()); }"
     with caplog.at_level("WARNING", logger="kfoundry.descriptors"):
         cell = space.cell(_cand(src, "sycl"))
