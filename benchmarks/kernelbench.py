@@ -152,9 +152,14 @@ class Setup:
     rates: dict[str, float]
     args: argparse.Namespace
     load: Any
+    #: seconds to the run's deadline and recognised problems still to measure (set before each row)
+    left_s: float = math.inf
+    left_rows: int = 1
 
 
-def _pick(recipes: list[Any], outcome: Outcome | None, row: dict[str, Any], top: int) -> list[Any]:
+def _pick(
+    recipes: list[Any], outcome: Outcome | None, row: dict[str, Any], top: int, naive: bool = True
+) -> list[Any]:
     """The recipes to time, highest rank first: those the warm-up found correct (every one where it did
     not look), the top ``top`` and the naive one if ``top``; the rest go into the row's notes."""
     verdicts = outcome.verdicts if outcome else {}
@@ -168,8 +173,8 @@ def _pick(recipes: list[Any], outcome: Outcome | None, row: dict[str, Any], top:
         else:
             row.setdefault("failed", []).append(f"{recipe.name} ({v.get('detail', '')[:80]})")
     if top and len(keep) > top:
-        naive = min(recipes, key=lambda r: r.rank)
-        chosen = keep[:top] + ([naive] if naive in keep[top:] else [])
+        lowest = min(recipes, key=lambda r: r.rank)
+        chosen = keep[:top] + ([lowest] if naive and lowest in keep[top:] else [])
         row["untimed"] = [r.name for r in keep if r not in chosen]
         keep = chosen
     return keep
@@ -191,13 +196,18 @@ def _measure(
         expected = ref(*inputs)
         eager = time_ms(functools.partial(ref, *inputs), timer, args.budget_s)
     row["eager_ms"] = eager
-    todo = _pick(recipes, outcome, row, args.top)
+    pressed = s.left_s / max(1, s.left_rows) < args.press_s  # behind: the top recipe only, for every row
+    if pressed:
+        row["pressed"] = True
+    todo = _pick(recipes, outcome, row, 1 if pressed else args.top, naive=not pressed)
     compiled_ms = math.nan
     warm_compile = outcome.verdicts.get(COMPILE) if outcome else None
     if warm_compile is not None and warm_compile["status"] == "wrong":  # timed all the same: the baseline
         row["compile_note"] = f"differs from eager (max error {warm_compile.get('err', -1):.3g})"
     if warm_compile is not None and warm_compile["status"] == "failed":
         row["compile_error"] = warm_compile.get("detail", "")[:100]
+    elif not args.no_compile and outcome is not None and COMPILE not in outcome.verdicts and s.left_s < 60:
+        row["compile_error"] = "skipped: not warmed, and the deadline is near"
     elif not args.no_compile:
         try:
             torch._dynamo.reset()
@@ -277,6 +287,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--top", type=int, default=0, help="time only the N highest-ranked correct recipes (+ naive)"
+    )
+    ap.add_argument(
+        "--press-s", type=float, default=1.0, help="below this many s per problem left: top recipe only"
     )
     ap.add_argument("--problem-s", type=float, default=30.0, help="per problem: later recipes are cut")
     ap.add_argument("--deadline-s", type=float, default=math.inf, help="whole run: later problems are cut")
@@ -434,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "warm": {k: dataclasses.asdict(o) for k, o in outcomes.items()},
     }
-    for key, problem, recipes, early in todo:
+    for index, (key, problem, recipes, early) in enumerate(todo):
         if key in done:
             continue
         if early is not None or recipes is None:
@@ -458,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         else:
             outcome = outcomes.get(key)
+            setup.left_s = args.deadline_s - (time.time() - t0)
+            setup.left_rows = sum(
+                1 for k, _, r, e in todo[index:] if r is not None and e is None and k not in done
+            )
             try:
                 if outcome is not None and outcome.fatal:
                     row = {"problem": key, "recognised": True, "error": f"warm-up: {outcome.error}"}

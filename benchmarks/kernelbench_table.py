@@ -19,7 +19,9 @@ MEM_BAR = 0.9
 def notes(row: dict[str, Any]) -> str:
     """The recipes that were wrong, failed or not measured, for the recipe column."""
     parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed", "cut") if row.get(k)]
-    if row.get("untimed"):
+    if row.get("pressed"):
+        parts.append("pressed for time: the top-ranked correct recipe only")
+    elif row.get("untimed"):
         parts.append(f"{len(row['untimed'])} more correct, not timed (--top)")
     for k in ("compile_error", "compile_note"):
         if row.get(k):
