@@ -65,18 +65,29 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
     _, device, _ = prepare(backend_name, Path(folder))
     gen = OfflineGenerator()
     conn.send(("ready", "", "", {}))
+
+    def set_up(task: Task) -> tuple[Any, Any, list[Any], Any, list[Any]]:
+        problem = load_problem(Path(task.path), task.shapes)
+        torch.manual_seed(0)
+        ref = problem.make_reference().to(device)
+        inputs = problem.make_inputs(1, device)
+        with torch.no_grad():
+            expected = ref(*inputs)
+        recipes = sorted(gen.recipes(problem.summary(), _language(backend_name)), key=lambda r: -r.rank)
+        return problem, ref, inputs, expected, recipes
+
     while (task := conn.recv()) is not None:
         key = task.key
+        failed = False
         try:
-            problem = load_problem(Path(task.path), task.shapes)
-            torch.manual_seed(0)
-            ref = problem.make_reference().to(device)
-            inputs = problem.make_inputs(1, device)
-            with torch.no_grad():
-                expected = ref(*inputs)
-            recipes = sorted(gen.recipes(problem.summary(), _language(backend_name)), key=lambda r: -r.rank)
+            problem, ref, inputs, expected, recipes = set_up(task)
         except Exception as exc:  # noqa: BLE001 - the problem's own fault, one line
-            conn.send(("error", key, "", {"detail": _line(exc)}))
+            oom = isinstance(exc, torch.cuda.OutOfMemoryError)  # beside other tasks: the timing process tries
+            conn.send(("unwarmed" if oom else "error", key, "", {"detail": _line(exc)}))
+            failed = True
+        if failed:  # what the failed set-up held is freed with its frame
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             conn.send(("done", key, "", {}))
             continue
         names = [r.name for r in recipes] + ([COMPILE] if compile_too else [])
@@ -195,8 +206,8 @@ def warm_up(
         elif kind == "verdict":
             outcomes[key].verdicts[name] = data
             slot.running = ""
-        elif kind == "error":
-            outcomes[key].error, outcomes[key].fatal = data["detail"], True
+        elif kind in ("error", "unwarmed"):
+            outcomes[key].error, outcomes[key].fatal = data["detail"], kind == "error"
         elif kind == "done":
             outcomes[key].seconds += time.monotonic() - slot.task_started
             slot.task = None
