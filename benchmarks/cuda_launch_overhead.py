@@ -25,7 +25,7 @@ extern "C" __global__ void kf_empty(
     const float* a0, const float* a1, const float* a2, const float* a3, const float* a4, const float* a5,
     const float* a6, const float* a7, const float* a8, const float* a9, const float* a10, const float* a11,
     const float* a12, const float* a13, const float* a14, float* out, int n, int m, int k, int l) {
-  if (threadIdx.x == 0 && blockIdx.x == 0 && n < 0) out[0] = a0[0] + m + k + l;
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = a0[0] + a14[0] + n + m + k + l;
 }
 """
 
@@ -82,6 +82,16 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             )
         )
+    for name, kernel in launchers.items():  # every launcher passed the arguments in their places
+        tensors[15].zero_()
+        tensors[14].fill_(0.5)
+        kernel(*launch_args, grid=(1,), block=(32,))
+        torch.cuda.synchronize()
+        if float(tensors[15][0]) != 1030.5:
+            print(
+                f"cuda_launch_overhead: {name} launched wrongly (out {float(tensors[15][0])}, expected 1030.5)"
+            )
+            return 1
     x = tensors[0]
     rows.append(
         ("torch x.add_(1) (one ATen launch)", _per_launch_us(lambda: x.add_(1), args.repeats, args.rounds))

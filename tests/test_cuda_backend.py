@@ -181,3 +181,13 @@ def test_argument_packing_without_a_device() -> None:
         _pack_all((torch.zeros(2),), [8], torch.Tensor)
     with pytest.raises(CudaLaunchError, match="argument 0: an int for a 3-byte parameter"):
         _pack_all((1,), [3], torch.Tensor)
+
+
+def test_launch_dimensions_are_bounded() -> None:
+    """A grid size the driver's 32-bit dimensions cannot hold is refused before the launch, never wrapped."""
+    from kfoundry.plugins.backends.cuda_launch import CudaLaunchError, _dims
+
+    assert _dims(5, "grid") == (5, 1, 1) and _dims((2, 3), "block") == (2, 3, 1)
+    for bad in (0, 1 << 31, (1, 1 << 32), (1, 2, 3, 4)):
+        with pytest.raises(CudaLaunchError, match="grid must be 1 to 3 positive sizes"):
+            _dims(bad, "grid")

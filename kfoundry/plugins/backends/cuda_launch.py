@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 import weakref
 from typing import Any
@@ -192,7 +193,7 @@ def _pack(value: Any, size: int | None, position: int) -> ctypes._SimpleCData | 
 
 def _dims(value: int | tuple[int, ...] | list[int], what: str) -> tuple[int, int, int]:
     dims = (value,) if isinstance(value, int) else tuple(int(v) for v in value)
-    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
+    if not 1 <= len(dims) <= 3 or any(not 1 <= d < 1 << 31 for d in dims):
         raise CudaLaunchError(f"{what} must be 1 to 3 positive sizes, got {value!r}")
     return (*dims, *(1,) * (3 - len(dims)))  # type: ignore[return-value]
 
@@ -206,6 +207,7 @@ class CudaKernel:
         self.name = name
         self.param_sizes = self._param_sizes()
         self._dynamic_shared_limit = 48 * 1024
+        self._handle = int(function)  # the CUfunction's value, for the direct driver call
 
     def _param_sizes(self) -> list[int] | None:
         drv = _driver()
@@ -263,8 +265,15 @@ class CudaKernel:
             self._dynamic_shared_limit = int(shared_mem)
         if stream is None:
             stream = _current_stream(torch, self._program.context.index)
-        handle = stream if isinstance(stream, drv.CUstream) else _stream_handle(drv, int(stream))
         params = ctypes.addressof(pointers) if packed else 0
+        direct = _direct_launch()
+        if direct is not None:
+            raw = int(stream)  # a CUstream's int() is its handle
+            code = direct(self._handle, gx, gy, gz, bx, by, bz, int(shared_mem), raw, params, None)
+            if code != 0:
+                check((drv.CUresult(code),), f"launching {self.name}")
+            return
+        handle = stream if isinstance(stream, drv.CUstream) else _stream_handle(drv, int(stream))
         check(
             drv.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, int(shared_mem), handle, params, 0),
             f"launching {self.name}",
@@ -296,6 +305,41 @@ def _current_stream(torch: Any, index: int) -> int:
 
 
 _STREAMS: dict[int, Any] = {}
+_DIRECT: list[Any] = []
+
+
+def _direct_launch() -> Any:
+    """``cuLaunchKernel`` of the driver library cuda-python already loaded, called through ctypes.
+
+    The bindings' own call converts every argument through Python objects, and a small KernelBench
+    problem runs on the device for less time than a launch takes on the host. None where the symbol
+    cannot be found, or where ``KF_CUDA_LAUNCH=bindings`` asks for the bindings' call.
+    """
+    if not _DIRECT:
+        fn = None
+        if os.environ.get("KF_CUDA_LAUNCH", "") != "bindings":
+            try:
+                fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+            except (OSError, AttributeError):
+                fn = None
+        if fn is not None:
+            u = ctypes.c_uint
+            fn.argtypes = [
+                ctypes.c_void_p,
+                u,
+                u,
+                u,
+                u,
+                u,
+                u,
+                u,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+            ]
+            fn.restype = ctypes.c_int
+        _DIRECT.append(fn)
+    return _DIRECT[0]
 
 
 def _stream_handle(drv: Any, raw: int) -> Any:
