@@ -1094,9 +1094,10 @@ def _group_norm_rows(
         view = L.buffer_val(src.buffer, vshape, f"V{n}", src.ctype)
     else:
         view = Val(vshape, vd, lambda c: src.load(unflat(horner(c, vd), flat_dims)), f"V{n}")
-    spatial = " * ".join(f"(kf_long){d}" for d in src.dims[2:]) or "1"
+    # 32-bit division: the position in a row and the spatial size are below the row length, an int argument
+    spatial = " * ".join(f"(unsigned){d}" for d in src.dims[2:]) or "1u"
     cpg = f"({src.dims[1]} / {G})"
-    chan = lambda c: f"(({c[1]}) * {cpg} + ({c[2]}) / ({spatial}))"  # noqa: E731
+    chan = lambda c: f"(({c[1]}) * {cpg} + (kf_long)((unsigned)({c[2]}) / ({spatial})))"  # noqa: E731
     del nd
     # the rows kernel writes the (N, G, rest) view; its buffer's flat order is the input's
     v = _norm_rows(L, node, view, [2], eps, w, b, chan, "groupnorm", epilogue=False)
