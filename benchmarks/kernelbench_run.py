@@ -45,6 +45,19 @@ def make_timer(device: torch.device) -> Timer:
     return gpu if device.type == "cuda" else host
 
 
+def judge_timer(backend: Any) -> Timer | None:
+    """Median ms of ``repeats`` calls on the backend's own device clock (the judge's: on CUDA a spin and
+    an L2 flush before each call, so launch overhead is hidden and the cache is cold), or None without one."""
+    one = backend.device_timer()
+    if one is None:
+        return None
+
+    def timed(fn: Callable[[], Any], repeats: int) -> float:
+        return statistics.median(one(fn) for _ in range(repeats))
+
+    return timed
+
+
 def time_ms(fn: Callable[[], Any], timer: Timer, budget_s: float) -> float:
     """Median ms of ``fn`` over about ``budget_s`` seconds of calls (3 to 200), after a warm-up call."""
     fn()  # compile / warm up
