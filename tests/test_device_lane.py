@@ -162,3 +162,45 @@ def test_the_lane_is_given_up_for_a_compile_except_while_timing(tmp_path: Path) 
     assert free() and list(lane.phase_times()) == ["lane_released_0"]
     with DeviceLane(None) as nothing, nothing.released_for_compile() as released:
         assert not released
+
+
+@needs_pyopencl
+def test_waiting_for_the_lane_is_not_counted_against_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job queued behind one that holds the device (a hanging candidate, up to its own timeout) is
+    not timed out for the wait: its deadline, and the sandbox's, start again when it gets the lane."""
+    import fcntl
+    import threading
+    import time
+
+    from kfoundry.core.evaluation import sandbox
+
+    monkeypatch.setattr(sandbox, "JUDGE_GRACE_S", 1.0)  # the sandbox's own limit: 6 s + 1 s
+    config = fast_config(trials=2)
+    evaluation = config.evaluation.model_copy(update={"timeout_s": 6.0})
+    job = EvalJob(
+        problem_path=str(EXAMPLES / "kernelbench" / "vector_add.py"),
+        shapes={"N": 1024},
+        candidate=Candidate(source=(EXAMPLES / "kernelbench" / "seeds" / "vector_add_opencl.py").read_text()),
+        evaluation=evaluation,
+        backend_plugin="opencl",
+        lock_path=str(tmp_path / "bench.lock"),
+    )
+    held = threading.Event()
+
+    def hold_the_lane() -> None:  # another job's turn on the device: 10 s, longer than the timeout
+        with open(tmp_path / "bench-dev0.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held.set()
+            time.sleep(10.0)
+
+    holder = threading.Thread(target=hold_the_lane)
+    holder.start()
+    held.wait(5)
+    submitted = time.time()
+    (result,) = LocalExecutor(LocalOptions(workers=1)).run([job])
+    holder.join()
+    assert result.outcome is Outcome.correct, result.message
+    # it took the lane only when the other job let go, 10 s in: past its 6 s timeout and the sandbox's 7 s
+    assert result.phase_times["device"][0] - submitted > 9.0, result.phase_times

@@ -7,6 +7,9 @@ device before it asks (its harness does, in :class:`~.compile_service.RemoteComp
 freezes it while it compiles, so the lane can be released for the compile and re-taken afterwards.
 During timing it is not released (:attr:`DeviceLane.releasable` is False): a compile there stays
 inside the lane and on the candidate's own clock.
+
+Time spent blocked on the lock is not the candidate's: :attr:`DeviceLane.on_wait` hears each wait, and the
+job's deadline moves by it (a hanging job ahead in the lane cannot push an honest one into a timeout).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 
@@ -27,6 +30,11 @@ class DeviceLane:
         #: wall-clock (epoch seconds) intervals during which the lane was released for a compile
         self.released: list[tuple[float, float]] = []
         self._handle: IO[Any] | None = None
+        #: seconds spent blocked on the lock in all (taking it, and taking it back after a compile)
+        self.waited_s = 0.0
+        #: told when a wait begins (its ``time.monotonic`` start) and ends (None): the job moves its
+        #: deadline by :attr:`waited_s` and tells the sandbox
+        self.on_wait: Callable[[float | None], None] | None = None
 
     @property
     def held(self) -> bool:
@@ -35,7 +43,7 @@ class DeviceLane:
     def __enter__(self) -> DeviceLane:
         if self.path:
             handle = open(self.path, "a")  # noqa: SIM115 (held across the with block and re-locked)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            self._lock(handle)
             self._handle = handle
         return self
 
@@ -58,8 +66,24 @@ class DeviceLane:
         try:
             yield True
         finally:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            self._lock(handle)
             self.released.append((start, time.time()))
+
+    def _lock(self, handle: IO[Any]) -> None:
+        """Take the lock, counting the time blocked on it (``on_wait`` hears when a wait begins, with
+        its ``time.monotonic`` start, and when it ends, with None)."""
+        try:  # free: no wait to tell
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        begun = time.monotonic()
+        if self.on_wait is not None:
+            self.on_wait(begun)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        self.waited_s += time.monotonic() - begun
+        if self.on_wait is not None:
+            self.on_wait(None)
 
     def released_s(self) -> float:
         """Seconds the lane was released in all."""

@@ -46,6 +46,10 @@ class RunnerHandle:
         self.chan = chan
         self.deadline = deadline
         self.timeout_s = timeout_s
+        #: seconds this job waited for its device's lane (its deadline moved by them)
+        self.waited_s = 0.0
+        #: where the wait is told to the sandbox (``<result>.waited``), or None
+        self.waited_path: str | None = None
         self.status: int | None = None
         self.frozen = False
         self._frozen_members: list[int] = [pid]

@@ -29,6 +29,8 @@ LOG_TAIL = 4000
 START_TIMEOUT_S = 120.0
 #: The judge ends a job at its timeout itself; this is how much longer the sandbox waits before killing it.
 JUDGE_GRACE_S = 15.0
+#: the most time a job's wait for its device's lane may add to the sandbox's limit
+MAX_LANE_WAIT_S = 3600.0
 
 
 class _Waiter:
@@ -170,6 +172,31 @@ def _kill_runner(pid_file: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _waited_s(path: str) -> float:
+    """Seconds the job has reported waiting for its device's lane, counting a wait still going on
+    (``<seconds waited before> <monotonic start of the current wait, or ->``; 0 when none is told)."""
+    try:
+        before, since = Path(path).read_text().split()
+        now = time.monotonic()
+        return max(0.0, float(before)) + (max(0.0, now - float(since)) if since != "-" else 0.0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _wait_for_job(waiter: _Waiter, allowed_s: float, waited_path: str) -> bool:
+    """Wait until the job ends (True) or has run ``allowed_s`` plus the time it reported waiting for
+    the device's lane (False). The wait is the worker's word, but the worker is the trusted judge (the
+    candidate runs in a separate runner that cannot reach this file); it is capped all the same."""
+    begun = time.monotonic()
+    while True:
+        limit = begun + allowed_s + min(_waited_s(waited_path), MAX_LANE_WAIT_S)
+        left = limit - time.monotonic()
+        if left <= 0:
+            return waiter.ended.is_set()
+        if waiter.ended.wait(min(left, 1.0)):
+            return True
+
+
 def run_sandboxed(job: EvalJob) -> JobResult:
     """Run ``job`` in a fresh child process; every failure comes back as a :class:`JobResult`."""
     workdir = tempfile.mkdtemp(prefix="kf-job-")
@@ -185,7 +212,7 @@ def run_sandboxed(job: EvalJob) -> JobResult:
     try:
         waiter.started.wait(START_TIMEOUT_S)
         begun = time.monotonic()
-        finished = waiter.ended.wait(timeout + JUDGE_GRACE_S)
+        finished = _wait_for_job(waiter, timeout + JUDGE_GRACE_S, result_path + ".waited")
         elapsed = time.monotonic() - begun
         if not finished:
             _kill(waiter.pid)
@@ -208,7 +235,14 @@ def run_sandboxed(job: EvalJob) -> JobResult:
         if not waiter.ended.is_set():
             _kill(waiter.pid)
         _kill_runner(result_path + ".runner")
-        for path in (log_path, result_path, result_path + ".tmp", result_path + ".runner"):
+        for path in (
+            log_path,
+            result_path,
+            result_path + ".tmp",
+            result_path + ".runner",
+            result_path + ".waited",
+            result_path + ".waited.tmp",
+        ):
             with contextlib.suppress(OSError):
                 os.unlink(path)
         with contextlib.suppress(OSError):

@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -113,7 +114,10 @@ def _start(
     probe = device_share.IdleProbe(device) if ipc else None
     exchange_ms = per_call = None
     if device != "cpu":  # in the device's lane: no other job's trials or timing perturb it, nor it them
-        with DeviceLane(lane_lock_path(job)), _lane(phase_times, None, "calibrate"):
+        with (
+            _waits_off_the_clock(DeviceLane(lane_lock_path(job)), runner, None),
+            _lane(phase_times, None, "calibrate"),
+        ):
             if probe is not None:
                 probe.calibrate()
             exchange_ms = calibrate(runner, device, probe)
@@ -201,6 +205,33 @@ def execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _waits_off_the_clock(
+    lane: DeviceLane, runner: RunnerHandle, service: CompileService | None
+) -> DeviceLane:
+    """``lane``, its waits moving the job's deadline (the runner's, the compile service's) and told to
+    the sandbox (``<result>.waited``: ``<seconds waited before> <monotonic start of a wait, or ->``), so
+    that the wait for another job's turn on the device is not counted against this job's timeout."""
+    begun: list[float] = []
+
+    def tell(since: float | None) -> None:
+        if since is not None:
+            begun[:] = [since]
+        elif begun:  # a wait ended: the deadlines move by it
+            waited = time.monotonic() - begun.pop()
+            runner.waited_s += waited
+            runner.deadline += waited
+            if service is not None:
+                service.deadline = runner.deadline
+        if runner.waited_path:
+            with contextlib.suppress(OSError):
+                tmp = runner.waited_path + ".tmp"
+                Path(tmp).write_text(f"{runner.waited_s:.3f} {'-' if since is None else f'{since:.3f}'}")
+                os.replace(tmp, runner.waited_path)
+
+    lane.on_wait = tell
+    return lane
+
+
 @contextlib.contextmanager
 def _lane(
     phase_times: dict[str, tuple[float, float]], lane: DeviceLane | None, name: str = "device"
@@ -228,6 +259,7 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         torch.set_num_threads(job.threads)
     runner = fork_runner(job, deadline)
     if runner_pid_file:
+        runner.waited_path = runner_pid_file.removesuffix(".runner") + ".waited"
         with contextlib.suppress(OSError), open(runner_pid_file, "w") as handle:
             handle.write(str(runner.pid))
     judge: Judge | None = None
@@ -251,7 +283,9 @@ def _execute(job: EvalJob, runner_pid_file: str | None = None) -> JobResult:
         compile_s = float(built.get("compile_s") or 0.0)
         judge.phase("start and build")
         phase_times["build"] = (started, time.time())
-        lane = DeviceLane(lane_lock_path(job))
+        lane = _waits_off_the_clock(
+            DeviceLane(lane_lock_path(job)), runner, services[0] if services else None
+        )
         if services and services[0] is not None:
             services[0].lane = lane  # a cache-miss compile in the correctness trials gives the lane up
         with lane, _lane(phase_times, lane):  # the device's lane: check and time
