@@ -1,8 +1,9 @@
 """Time the offline generator's fp32 GEMM variants against cuBLAS (torch.matmul, TF32 off), one process.
 
-    python benchmarks/h13mm_sgemm_variants.py                   # the H200: a sweep at 4096^3, then the
-                                                                # KernelBench matmul shapes at defaults
+    python benchmarks/h13mm_sgemm_variants.py                   # the H200: the KernelBench matmul shapes
+                                                                # at defaults, then a sweep at 4096^3
     python benchmarks/h13mm_sgemm_variants.py --quick           # defaults only
+    python benchmarks/h13mm_sgemm_variants.py --only square_matmul.py --async-sweep   # + sgemm_async's grid
 
 Each row: recipe[params], ms (median of CUDA events), x cuBLAS, TFLOP/s and whether it matches
 torch.matmul (rtol = atol = 1e-3 on fp32 outputs, as benchmarks/kernelbench.py checks; 1e-2 on
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "kernelbench" / "level1"
 
 #: Problem file, shape override (none: its own size), and whether to sweep the async kernel there.
-PROBLEMS: list[tuple[str, dict[str, int], bool]] = [
+PROBLEMS: list[tuple[str, dict[str, int | float], bool]] = [
     ("square_matmul.py", {}, True),
     ("square_matmul_fp16.py", {}, False),
     ("matmul_bf16.py", {}, False),
@@ -37,6 +38,21 @@ PROBLEMS: list[tuple[str, dict[str, int], bool]] = [
 ]
 
 SWEEP = {"BK": [8, 16, 32], "STAGES": [2, 3, 4], "LAYOUT": [0, 1]}
+
+#: ``matmul/sgemm_warp`` tile shapes at 4096^3: block BM x BN, warp WM x WN, thread TM x TN (MINB blocks/SM).
+_W = {
+    "t16x8": {"BM": 128, "BN": 128, "WM": 64, "WN": 64, "TM": 16, "TN": 8},
+    "t8x16": {"BM": 128, "BN": 128, "WM": 64, "WN": 64, "TM": 8, "TN": 16},
+    "w32x64": {"BM": 128, "BN": 128, "WM": 32, "WN": 64, "TM": 8, "TN": 8, "MINB": 1},
+    "128x256": {"BM": 128, "BN": 256, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "MINB": 1},
+    "256x128": {"BM": 256, "BN": 128, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "MINB": 1},
+}
+WARP_SWEEP: list[dict[str, int]] = [
+    *({**t, "BK": bk} for t in _W.values() for bk in (8, 16)),
+    {**_W["t16x8"], "SWZ": 0},
+    {**_W["t16x8"], "SWZ": 0, "BK": 16},
+    {**_W["t16x8"], "MINB": 1},
+]
 
 
 def _time(fn: Any, budget_s: float) -> float:
@@ -67,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="defaults only, no sweep")
     ap.add_argument("--budget-s", type=float, default=0.1)
+    ap.add_argument("--only", nargs="*", default=None, help="problem files to run (default: all)")
+    ap.add_argument("--async-sweep", action="store_true", help="also sgemm_async's 20-variant grid")
     args = ap.parse_args(argv)
 
     from kfoundry.core.plugins import get_plugin
@@ -86,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     passes += [] if args.quick else [(n, sh, True) for n, sh, sw in PROBLEMS if sw]
     for name, shape, sweep in passes:
         path = DATA / name
-        if not path.exists():
+        if not path.exists() or (args.only is not None and name not in args.only):
             continue
         problem = load_problem(path, shape)
         torch.manual_seed(0)
@@ -102,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[tuple[str, dict[str, Any]]] = (
             [] if sweep else [(n, {}) for n in recipes if n.startswith(("matmul/sgemm", "matmul/mma"))]
         )
-        if sweep and not args.quick and "matmul/sgemm_async" in recipes:
+        if sweep and "matmul/sgemm_warp" in recipes:
+            runs += [("matmul/sgemm_warp", params) for params in WARP_SWEEP]
+        if sweep and args.async_sweep and "matmul/sgemm_async" in recipes:
             for combo in itertools.product(*SWEEP.values()):
                 params = dict(zip(SWEEP, combo, strict=True))
                 params["MINB"] = 1 if params["BK"] == 32 else 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 from kfoundry.core.models import TunableSpace
 from kfoundry.plugins.llms.offline import cookbook_hgemm
 from kfoundry.plugins.llms.offline.cookbook_sgemm import sgemm_async
+from kfoundry.plugins.llms.offline.cookbook_sgemm_warp import sgemm_warp
 from kfoundry.plugins.llms.offline.elementwise_ops import prelude
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
@@ -638,6 +639,7 @@ matmul({args}) {{
     if spec.M >= 16 and spec.N >= 16:  # any shape; zero-filled past M, N, K
         head = _forward(spec, "(1, 1, 1)", "(1, 1, 1)")[0].split("\nself.prog.matmul(")[0]
         out.append(sgemm_async(spec, pre, head))
+        out.append(sgemm_warp(spec, pre, head))
     if spec.M >= 128 and spec.N >= 128:  # at least a 128 x 128 tile at the traced shape
         out.append(_sgemm_128(spec, pre, args, tiled))
         if spec.M * spec.N <= 64 * 128 * 128 and spec.K >= 2048:  # few tiles, long K
