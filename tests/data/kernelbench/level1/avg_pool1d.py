@@ -2,9 +2,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 32
-input_length = 4096
+batch_size = 64
+in_channels = 128
+input_length = 65536
 kernel_size = 8
 stride = 1
 padding = 4
@@ -22,7 +22,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, input_length)]
+    return [torch.rand(batch_size, in_channels, input_length)]
 
 
 def get_init_inputs():

@@ -4,9 +4,9 @@ import torch.nn.functional as F
 
 batch_size = 16
 channels = 64
-height = 128
-width = 128
-kernel_size = 3
+height = 2048
+width = 1023
+kernel_size = 11
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, channels, height, width)]
+    return [torch.rand(batch_size, channels, height, width)]
 
 
 def get_init_inputs():

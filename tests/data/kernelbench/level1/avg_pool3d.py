@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8
-channels = 16
-depth = 32
-height = 32
-width = 32
+batch_size = 16
+channels = 32
+depth = 128
+height = 128
+width = 255
 kernel_size = 3
 stride = 2
 padding = 1
@@ -24,7 +24,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, channels, depth, height, width)]
+    return [torch.rand(batch_size, channels, depth, height, width)]
 
 
 def get_init_inputs():

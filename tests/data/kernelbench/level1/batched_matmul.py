@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-m = 256
-k = 512
-n = 384
+batch_size = 128
+m = 512
+k = 1024
+n = 2048
 
 
 class Model(nn.Module):

@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 3
-out_channels = 64
+batch_size = 32
+in_channels = 64
+out_channels = 128
 kernel_size = 3
-length = 512
+length = 131072
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, length)]
+    return [torch.rand(batch_size, in_channels, length)]
 
 
 def get_init_inputs():

@@ -2,15 +2,15 @@
 import torch
 import torch.nn as nn
 
-batch_size = 16
-in_channels = 3
+batch_size = 8
+in_channels = 32
 out_channels = 64
-kernel_size = (3, 5)
-width = 256
-height = 256
+kernel_size = (5, 9)
+width = 512
+height = 512
 stride = 1
-padding = (1, 2)
-dilation = (2, 1)
+padding = (2, 4)
+dilation = (2, 3)
 
 
 class Model(nn.Module):
@@ -25,7 +25,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(batch_size, in_channels, height, width)
+    x = torch.rand(batch_size, in_channels, height, width)
     return [x]
 
 

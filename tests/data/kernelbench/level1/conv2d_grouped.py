@@ -3,12 +3,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 16
-in_channels = 32
-out_channels = 64
+in_channels = 64
+out_channels = 128
 groups = 4
 kernel_size = 3
-width = 128
-height = 128
+width = 512
+height = 512
 
 
 class Model(nn.Module):
@@ -23,7 +23,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

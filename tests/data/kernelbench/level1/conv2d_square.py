@@ -3,11 +3,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 16
-in_channels = 3
-out_channels = 64
+in_channels = 16
+out_channels = 128
 kernel_size = 3
-width = 256
-height = 256
+width = 1024
+height = 1024
 
 
 class Model(nn.Module):
@@ -22,7 +22,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

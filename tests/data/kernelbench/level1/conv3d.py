@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8
+batch_size = 16
 in_channels = 3
-out_channels = 32
+out_channels = 64
 kernel_size = 3
-depth = 32
+depth = 64
 width = 64
 height = 64
 
@@ -23,7 +23,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, depth, height, width)]
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
 
 
 def get_init_inputs():

@@ -3,10 +3,10 @@ import torch
 import torch.nn as nn
 
 batch_size = 16
-in_channels = 3
-out_channels = 64
-width = 256
-height = 256
+in_channels = 64
+out_channels = 128
+width = 1023
+height = 1024
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(batch_size, in_channels, height, width)
+    x = torch.rand(batch_size, in_channels, height, width)
     return [x]
 
 

@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 32
-out_channels = 64
-kernel_size = 5
-length = 256
+batch_size = 64
+in_channels = 128
+out_channels = 128
+kernel_size = 3
+length = 65536
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, length)]
+    return [torch.rand(batch_size, in_channels, length)]
 
 
 def get_init_inputs():

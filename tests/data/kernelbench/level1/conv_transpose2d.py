@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 32
+batch_size = 8
+in_channels = 64
 out_channels = 64
-width = 64
-height = 64
+width = 1024
+height = 1024
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

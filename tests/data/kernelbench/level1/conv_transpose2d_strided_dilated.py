@@ -6,8 +6,8 @@ batch_size = 16
 in_channels = 32
 out_channels = 64
 kernel_size = (3, 5)
-height_in = 16
-width_in = 32
+height_in = 128
+width_in = 256
 stride = (2, 3)
 padding = (1, 2)
 dilation = (2, 1)
@@ -26,7 +26,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(batch_size, in_channels, height_in, width_in)
+    x = torch.rand(batch_size, in_channels, height_in, width_in)
     return [x]
 
 

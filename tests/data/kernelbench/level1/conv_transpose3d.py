@@ -3,12 +3,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 8
-in_channels = 16
-out_channels = 16
+in_channels = 48
+out_channels = 48
 kernel_size = 3
-depth = 16
-width = 32
-height = 32
+depth = 64
+width = 64
+height = 64
 
 
 class Model(nn.Module):
@@ -23,7 +23,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, depth, height, width)]
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
 
 
 def get_init_inputs():

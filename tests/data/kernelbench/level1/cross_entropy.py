@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4096
-num_classes = 10
+batch_size = 32768
+num_classes = 4096
 
 
 class Model(nn.Module):
@@ -17,7 +17,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, num_classes), torch.randint(0, num_classes, (batch_size,))]
+    return [torch.rand(batch_size, num_classes), torch.randint(0, num_classes, (batch_size,))]
 
 
 def get_init_inputs():

@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-input_shape = 4000
+batch_size = 32768
+input_shape = 32768
 dim = 1
 
 
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.rand(batch_size, input_shape) * 0.5 + 0.75]
+    return [torch.randn(batch_size, input_shape)]
 
 
 def get_init_inputs():

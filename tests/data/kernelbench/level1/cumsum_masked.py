@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-input_shape = 4000
+batch_size = 32768
+input_shape = 32768
 dim = 1
 
 

@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
+batch_size = 112
 features = 64
-dim1 = 256
-dim2 = 256
+dim1 = 512
+dim2 = 512
 
 
 class Model(nn.Module):
@@ -20,7 +20,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, features, dim1, dim2)]
+    return [torch.rand(batch_size, features, dim1, dim2)]
 
 
 def get_init_inputs():

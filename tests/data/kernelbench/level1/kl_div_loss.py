@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-dim = 4096
+batch_size = 16384
+dim = 16384
 
 
 class Model(nn.Module):
@@ -17,7 +17,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, dim).softmax(dim=-1), torch.randn(batch_size, dim).softmax(dim=-1)]
+    return [(torch.rand(batch_size, dim) * torch.rand(())).softmax(dim=-1), torch.rand(batch_size, dim).softmax(dim=-1)]
 
 
 def get_init_inputs():

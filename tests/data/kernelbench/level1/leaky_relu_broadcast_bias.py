@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-dim = 16384
+batch_size = 4096
+dim = 393216
 
 
 class Model(nn.Module):
@@ -17,7 +17,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, dim), torch.randn(dim)]
+    return [torch.rand(batch_size, dim), torch.rand(dim)]
 
 
 def get_init_inputs():

@@ -3,9 +3,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 N = 16
-M = 256
-K = 512
-L = 256
+M = 1024
+K = 2048
+L = 768
 
 
 class Model(nn.Module):

@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-N = 2048
-M = 2048
+N = 4096
+M = 4096
 
 
 class Model(nn.Module):

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 M = 256
 N = 256
-K = 65536
+K = 524288
 
 
 class Model(nn.Module):

@@ -2,9 +2,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-M = 512
-K = 1024
-N = 512
+M = 2048
+K = 8192
+N = 4096
 
 
 class Model(nn.Module):

@@ -2,7 +2,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-N = 1024
+N = 4096
 
 
 class Model(nn.Module):

@@ -1,8 +1,8 @@
 import torch
 import torch.nn as nn
 
-M = 4096
-N = 4096
+M = 65536
+N = 16384
 
 
 class Model(nn.Module):
@@ -16,7 +16,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(M, N), 3.14]
+    return [torch.rand(M, N), 3.14]
 
 
 def get_init_inputs():

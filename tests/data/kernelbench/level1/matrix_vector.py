@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-M = 2048
-K = 8192
+M = 2047
+K = 1048576
 
 
 class Model(nn.Module):

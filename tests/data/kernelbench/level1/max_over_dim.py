@@ -2,9 +2,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-dim1 = 256
-dim2 = 256
+batch_size = 128
+dim1 = 4096
+dim2 = 4095
 dim = 1
 
 
@@ -20,7 +20,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, dim1, dim2)]
+    return [torch.rand(batch_size, dim1, dim2)]
 
 
 def get_init_inputs():

@@ -2,12 +2,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-features = 32
-length = 4096
-kernel_size = 4
-stride = 2
-padding = 2
+batch_size = 64
+features = 192
+length = 65536
+kernel_size = 8
+stride = 1
+padding = 4
 dilation = 3
 
 
@@ -23,7 +23,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, features, length)]
+    return [torch.rand(batch_size, features, length)]
 
 
 def get_init_inputs():

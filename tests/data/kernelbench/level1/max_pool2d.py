@@ -2,14 +2,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-channels = 32
-height = 128
-width = 128
-kernel_size = 2
-stride = 2
+batch_size = 32
+channels = 64
+height = 512
+width = 512
+kernel_size = 4
+stride = 1
 padding = 1
-dilation = 3
+dilation = 1
 
 
 class Model(nn.Module):
@@ -24,7 +24,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, channels, height, width)]
+    return [torch.rand(batch_size, channels, height, width)]
 
 
 def get_init_inputs():

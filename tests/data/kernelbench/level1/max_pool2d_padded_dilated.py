@@ -2,10 +2,10 @@
 import torch
 import torch.nn as nn
 
-batch_size = 16
-channels = 32
-height = 128
-width = 128
+batch_size = 32
+channels = 64
+height = 512
+width = 512
 kernel_size = 2
 stride = 2
 padding = 1
@@ -24,7 +24,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(batch_size, channels, height, width)
+    x = torch.rand(batch_size, channels, height, width)
     return [x]
 
 

@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8
-channels = 16
-dim1 = 32
-dim2 = 32
-dim3 = 32
+batch_size = 16
+channels = 32
+dim1 = 128
+dim2 = 128
+dim3 = 128
 kernel_size = 3
 stride = 2
 padding = 1
@@ -24,7 +24,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, channels, dim1, dim2, dim3)]
+    return [torch.rand(batch_size, channels, dim1, dim2, dim3)]
 
 
 def get_init_inputs():

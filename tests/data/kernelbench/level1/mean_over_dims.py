@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
+batch_size = 128
 channels = 64
-height = 64
-width = 64
+height = 256
+width = 256
 
 
 class Model(nn.Module):
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, channels, height, width)]
+    return [torch.rand(batch_size, channels, height, width)]
 
 
 def get_init_inputs():

@@ -1,9 +1,10 @@
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributions import Pareto
 
-batch_size = 128
-dim = 4096
+batch_size = 32768
+dim = 32768
 
 
 class Model(nn.Module):
@@ -17,7 +18,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, dim), torch.randn(batch_size, dim)]
+    return [Pareto(0.01, 1.5, validate_args=False).sample((batch_size, dim)), Pareto(0.01, 1.5, validate_args=False).sample((batch_size, dim))]
 
 
 def get_init_inputs():

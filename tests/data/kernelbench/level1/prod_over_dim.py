@@ -2,9 +2,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-dim1 = 256
-dim2 = 256
+batch_size = 128
+dim1 = 4096
+dim2 = 4095
 reduction_dim = 1
 
 

@@ -1,10 +1,10 @@
 import torch
 import torch.nn as nn
 
-batch_size = 16
+batch_size = 112
 features = 64
-dim1 = 256
-dim2 = 256
+dim1 = 512
+dim2 = 512
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, features, dim1, dim2)]
+    return [torch.rand(batch_size, features, dim1, dim2)]
 
 
 def get_init_inputs():

@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8
-num_heads = 16
+batch_size = 32
+num_heads = 32
 seq_len = 512
-head_dim = 64
+head_dim = 1024
 
 
 class Model(nn.Module):
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, num_heads, seq_len, head_dim), torch.randn(batch_size, num_heads, seq_len, head_dim), torch.randn(batch_size, num_heads, seq_len, head_dim)]
+    return [torch.rand(batch_size, num_heads, seq_len, head_dim), torch.rand(batch_size, num_heads, seq_len, head_dim), torch.rand(batch_size, num_heads, seq_len, head_dim)]
 
 
 def get_init_inputs():

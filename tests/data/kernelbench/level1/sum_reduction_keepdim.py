@@ -20,7 +20,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(batch_size, dim1, dim2)
+    x = torch.rand(batch_size, dim1, dim2)
     return [x]
 
 

@@ -2,8 +2,8 @@
 import torch
 import torch.nn as nn
 
-M = 16384
-N = 16
+M = 32768
+N = 32
 
 
 class Model(nn.Module):
@@ -17,8 +17,8 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    A = torch.randn(M, N)
-    B = torch.randn(N, M)
+    A = torch.rand(M, N)
+    B = torch.rand(N, M)
     return [A, B]
 
 

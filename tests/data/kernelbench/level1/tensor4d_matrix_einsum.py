@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 
 b = 8
-i = 64
-j = 64
-l = 128
-k = 96
+i = 256
+j = 512
+l = 256
+k = 768
 
 
 class Model(nn.Module):
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(b, i, j, l), torch.randn(l, k)]
+    return [torch.rand(b, i, j, l), torch.rand(l, k)]
 
 
 def get_init_inputs():

@@ -1,8 +1,8 @@
 import torch
 import torch.nn as nn
 
-batch_size = 128
-input_shape = 4096
+batch_size = 32768
+input_shape = 8192
 margin = 1.0
 
 
@@ -18,7 +18,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, input_shape), torch.randn(batch_size, input_shape), torch.randn(batch_size, input_shape)]
+    return [torch.rand(batch_size, input_shape) * torch.rand(()), torch.rand(batch_size, input_shape), torch.rand(batch_size, input_shape)]
 
 
 def get_init_inputs():
