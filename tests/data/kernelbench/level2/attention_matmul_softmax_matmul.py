@@ -2,8 +2,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-seq_len = 256
+batch_size = 64
+seq_len = 2048
 head_dim = 64
 
 
@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, seq_len, head_dim), torch.randn(batch_size, seq_len, head_dim), torch.randn(batch_size, seq_len, head_dim)]
+    return [torch.rand(batch_size, seq_len, head_dim), torch.rand(batch_size, seq_len, head_dim), torch.rand(batch_size, seq_len, head_dim)]
 
 
 def get_init_inputs():

@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-m = 128
-k = 256
-n = 128
+batch_size = 128
+m = 512
+k = 1024
+n = 2048
 
 
 class Model(nn.Module):
@@ -21,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, m, k), torch.randn(batch_size, k, n), torch.randn(batch_size, m, n)]
+    return [torch.rand(batch_size, m, k), torch.rand(batch_size, k, n), torch.rand(batch_size, m, n)]
 
 
 def get_init_inputs():

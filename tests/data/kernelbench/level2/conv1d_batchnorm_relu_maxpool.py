@@ -5,12 +5,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4
-in_channels = 3
-out_channels = 8
+batch_size = 64
+in_channels = 64
+out_channels = 128
 height, width = 10, 9
 in_features = 12
 out_features = 16
+length = 65536
 
 
 class Model(nn.Module):
@@ -28,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, 20)]
+    return [torch.rand(batch_size, in_channels, length)]
 
 
 def get_init_inputs():

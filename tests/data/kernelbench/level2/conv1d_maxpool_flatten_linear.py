@@ -2,12 +2,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 4
-out_channels = 8
-length = 64
+batch_size = 1024
+in_channels = 32
+out_channels = 64
+length = 512
 kernel_size = 3
-out_features = 32
+out_features = 1024
 
 
 class Model(nn.Module):
@@ -26,7 +26,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, length)]
+    return [torch.rand(batch_size, in_channels, length)]
 
 
 def get_init_inputs():

@@ -4,9 +4,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_channels = 3
-out_channels = 16
-height, width = 32, 32
+in_channels = 8
+out_channels = 32
+height = 256
+width = 256
 kernel_size = 3
 num_groups = 8
 bias_shape = (out_channels, 1, 1)
@@ -33,7 +34,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

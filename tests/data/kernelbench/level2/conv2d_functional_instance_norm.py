@@ -5,10 +5,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4
-in_channels = 3
-out_channels = 8
-height, width = 10, 9
+batch_size = 128
+in_channels = 8
+out_channels = 64
+height = 256
+width = 256
 in_features = 12
 out_features = 16
 
@@ -26,7 +27,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

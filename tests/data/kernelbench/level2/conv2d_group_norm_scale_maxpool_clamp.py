@@ -2,15 +2,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 3
-out_channels = 16
-height = 32
-width = 32
+batch_size = 128
+in_channels = 8
+out_channels = 64
+height = 128
+width = 128
 kernel_size = 3
-num_groups = 8
-scale_shape = (16, 1, 1)
-maxpool_kernel_size = 2
+num_groups = 16
+scale_shape = (out_channels, 1, 1)
+maxpool_kernel_size = 4
 clamp_min = 0.0
 clamp_max = 1.0
 
@@ -37,7 +37,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

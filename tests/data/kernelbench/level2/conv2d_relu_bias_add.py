@@ -2,13 +2,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 3
-out_channels = 16
-height = 32
-width = 32
+batch_size = 128
+in_channels = 64
+out_channels = 128
+height = 128
+width = 128
 kernel_size = 3
-bias_shape = (16, 1, 1)
+bias_shape = (out_channels, 1, 1)
 
 
 class Model(nn.Module):
@@ -27,7 +27,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

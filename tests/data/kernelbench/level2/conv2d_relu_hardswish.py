@@ -4,9 +4,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_channels = 3
-out_channels = 16
-height, width = 32, 32
+in_channels = 8
+out_channels = 64
+height = 128
+width = 128
 kernel_size = 3
 
 
@@ -25,7 +26,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

@@ -4,9 +4,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_channels = 3
-out_channels = 16
-height, width = 32, 32
+in_channels = 8
+out_channels = 64
+height = 256
+width = 256
 kernel_size = 3
 subtract_value_1 = 0.5
 subtract_value_2 = 0.2
@@ -30,7 +31,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

@@ -3,11 +3,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
+batch_size = 1024
 in_channels = 3
 out_channels = 16
-depth, height, width = 16, 32, 32
-kernel_size = 3
+depth = 16
+height = 32
+width = 32
+kernel_size = 4
 
 
 class Model(nn.Module):
@@ -27,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, depth, height, width)]
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
 
 
 def get_init_inputs():

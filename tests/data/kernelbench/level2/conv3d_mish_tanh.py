@@ -2,12 +2,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8
-in_channels = 3
-out_channels = 16
-D = 16
-H = 32
-W = 32
+batch_size = 16
+in_channels = 32
+out_channels = 64
+D = 32
+H = 64
+W = 64
 kernel_size = 3
 
 
@@ -25,7 +25,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, D, H, W)]
+    return [torch.rand(batch_size, in_channels, D, H, W)]
 
 
 def get_init_inputs():

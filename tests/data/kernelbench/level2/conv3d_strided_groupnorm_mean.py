@@ -5,12 +5,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4
+batch_size = 1024
 in_channels = 3
-out_channels = 8
-height, width = 10, 9
+out_channels = 16
+height = 64
+width = 64
 in_features = 12
 out_features = 16
+depth = 16
 
 
 class Model(nn.Module):
@@ -28,7 +30,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, 5, height, width)]
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
 
 
 def get_init_inputs():

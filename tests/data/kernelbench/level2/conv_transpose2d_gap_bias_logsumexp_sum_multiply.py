@@ -3,10 +3,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-in_channels = 3
-out_channels = 16
-height, width = 32, 32
+batch_size = 16
+in_channels = 64
+out_channels = 128
+height = 512
+width = 512
 kernel_size = 3
 bias_shape = (out_channels, 1, 1)
 
@@ -30,7 +31,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

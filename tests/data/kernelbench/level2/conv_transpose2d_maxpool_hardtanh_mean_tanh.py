@@ -4,11 +4,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_channels = 32
+in_channels = 64
 out_channels = 64
-height, width = 16, 16
-kernel_size = 4
-stride = 2
+height = 256
+width = 256
+kernel_size = 3
+stride = 1
 padding = 1
 maxpool_kernel_size = 2
 maxpool_stride = 2
@@ -35,7 +36,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

@@ -2,11 +2,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 16
-in_channels = 32
-out_channels = 16
-height = 16
-width = 16
+batch_size = 128
+in_channels = 64
+out_channels = 128
+height = 64
+width = 64
 kernel_size = 4
 stride = 2
 padding = 1
@@ -31,7 +31,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, height, width)]
+    return [torch.rand(batch_size, in_channels, height, width)]
 
 
 def get_init_inputs():

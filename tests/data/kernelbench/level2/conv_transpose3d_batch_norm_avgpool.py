@@ -2,12 +2,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8
+batch_size = 64
 in_channels = 3
 out_channels = 16
-depth = 8
-height = 16
-width = 16
+depth = 32
+height = 32
+width = 32
 kernel_size = 3
 stride = 2
 padding = 1
@@ -29,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_channels, depth, height, width)]
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
 
 
 def get_init_inputs():

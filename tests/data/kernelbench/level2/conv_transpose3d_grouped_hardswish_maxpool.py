@@ -5,12 +5,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4
-in_channels = 3
-out_channels = 8
-height, width = 10, 9
+batch_size = 16
+in_channels = 16
+out_channels = 32
+height = 32
+width = 32
 in_features = 12
 out_features = 16
+depth = 16
 
 
 class Model(nn.Module):
@@ -18,7 +20,7 @@ class Model(nn.Module):
 
     def __init__(self, in_channels, out_channels, in_features, out_features):
         super(Model, self).__init__()
-        self.conv = nn.ConvTranspose3d(4, out_channels, 3, stride=2, groups=2)
+        self.conv = nn.ConvTranspose3d(in_channels, out_channels, 3, stride=2, groups=2)
 
     def forward(self, x):
         x = F.hardswish(self.conv(x))
@@ -27,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, 4, 3, 4, 4)]
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
 
 
 def get_init_inputs():

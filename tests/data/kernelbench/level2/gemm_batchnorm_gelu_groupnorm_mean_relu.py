@@ -3,9 +3,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-in_features = 512
-out_features = 1024
+batch_size = 16384
+in_features = 4096
+out_features = 4096
 num_groups = 8
 
 
@@ -29,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

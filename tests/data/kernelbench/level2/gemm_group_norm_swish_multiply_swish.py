@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-in_features = 512
-out_features = 1024
-num_groups = 16
+batch_size = 1024
+in_features = 8192
+out_features = 8192
+num_groups = 256
 multiply_weight_shape = (out_features,)
 
 
@@ -28,7 +28,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

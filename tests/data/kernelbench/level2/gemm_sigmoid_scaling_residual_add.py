@@ -3,9 +3,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-input_size = 1024
-hidden_size = 512
+batch_size = 1024
+input_size = 8192
+hidden_size = 8192
 scaling_factor = 2.0
 
 
@@ -27,7 +27,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, input_size)]
+    return [torch.rand(batch_size, input_size)]
 
 
 def get_init_inputs():

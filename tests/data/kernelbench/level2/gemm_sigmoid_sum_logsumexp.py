@@ -2,10 +2,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-input_size = 10
-hidden_size = 20
-output_size = 5
+batch_size = 16384
+input_size = 2048
+hidden_size = 4096
+output_size = 1024
 
 
 class Model(nn.Module):
@@ -25,7 +25,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, input_size)]
+    return [torch.rand(batch_size, input_size)]
 
 
 def get_init_inputs():

@@ -3,12 +3,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4
+batch_size = 1024
 in_channels = 3
 out_channels = 8
 height, width = 10, 9
-in_features = 12
-out_features = 16
+in_features = 8192
+out_features = 8192
 
 
 class Model(nn.Module):
@@ -31,7 +31,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

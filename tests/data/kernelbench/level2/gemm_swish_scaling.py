@@ -3,8 +3,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_features = 1024
-out_features = 512
+in_features = 32768
+out_features = 32768
 scaling_factor = 2.0
 
 
@@ -23,7 +23,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

@@ -5,12 +5,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 4
+batch_size = 32
 in_channels = 3
 out_channels = 8
 height, width = 10, 9
-in_features = 12
-out_features = 16
+in_features = 4096
+out_features = 4096
+seq_len = 256
 
 
 class Model(nn.Module):
@@ -28,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, 7, in_features)]
+    return [torch.rand(batch_size, seq_len, in_features)]
 
 
 def get_init_inputs():

@@ -1,9 +1,9 @@
 import torch
 import torch.nn as nn
 
-batch_size = 512
-num_classes = 10
-dim = 4096
+batch_size = 32768
+num_classes = 4096
+dim = 8192
 
 
 class Model(nn.Module):
@@ -22,7 +22,7 @@ class Model(nn.Module):
 
 def get_inputs():
     return [
-        torch.randn(batch_size, num_classes),
+        torch.rand(batch_size, num_classes),
         torch.randint(0, num_classes, (batch_size,)),
         torch.randn(batch_size, dim),
         torch.randn(batch_size, dim),

@@ -3,10 +3,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-in_features = 512
-out_features = 256
-pool_kernel_size = 4
+batch_size = 1024
+in_features = 8192
+out_features = 8192
+pool_kernel_size = 16
 scale_factor = 2.0
 
 
@@ -29,7 +29,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

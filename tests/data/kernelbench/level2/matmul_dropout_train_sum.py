@@ -4,8 +4,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_features = 100
-out_features = 50
+in_features = 16384
+out_features = 16384
 dropout_p = 0.0
 
 
@@ -26,7 +26,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

@@ -4,8 +4,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-in_features = 10
-out_features = 5
+in_features = 16384
+out_features = 16384
 constant = 2.0
 
 
@@ -25,7 +25,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():

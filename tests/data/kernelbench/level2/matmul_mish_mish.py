@@ -3,9 +3,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 128
-in_features = 10
-out_features = 20
+batch_size = 1024
+in_features = 8192
+out_features = 8192
 
 
 class Model(nn.Module):
@@ -23,7 +23,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, in_features)]
+    return [torch.rand(batch_size, in_features)]
 
 
 def get_init_inputs():
