@@ -23,6 +23,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
 from kfoundry.plugins.llms.offline.elementwise_ops import node_expr
+from kfoundry.plugins.llms.offline.normalize import normalize
 
 FAMILIES = (
     "elementwise",
@@ -166,7 +167,7 @@ class _Trace:
                 f"offline generator: cannot build the reference on the meta device: {exc}"
             ) from None
         try:
-            self.gm = fx.symbolic_trace(self.model)
+            self.gm = normalize(fx.symbolic_trace(self.model))
             ShapeProp(self.gm).propagate(*self.inputs)
         except Exception as exc:
             raise GeneratorUnsupported(f"offline generator: cannot trace the reference: {exc}") from None
