@@ -1041,7 +1041,23 @@ def init_source(reference_source: str, shapes: dict[str, int | float] | None = N
         ):
             continue
         body.append(stmt)
-    return ast.unparse(ast.Module(body=body, type_ignores=[]))
+    return ast.unparse(ast.Module(body=_used_imports(body), type_ignores=[]))
+
+
+def _used_imports(body: list[ast.stmt]) -> list[ast.stmt]:
+    """``body`` without the imported names nothing else in it reads (``from torch.distributions import
+    Pareto`` serves the reference's ``get_inputs`` only, and a candidate may not import it)."""
+    code = [s for s in body if not isinstance(s, ast.Import | ast.ImportFrom)]
+    used = {n.id for s in code for n in ast.walk(s) if isinstance(n, ast.Name)}
+    out: list[ast.stmt] = []
+    for stmt in body:
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            names = [a for a in stmt.names if (a.asname or a.name.split(".")[0]) in used]
+            if not names:
+                continue
+            stmt.names = names
+        out.append(stmt)
+    return out
 
 
 def kernel_source(sched: Schedule, lang: str, coop: bool = False) -> str:

@@ -368,6 +368,22 @@ def _select(L: Lowering, node: fx.Node) -> Val:
     return Val(out, dims, lambda c: src.load([*c[:d], at, *c[d:]]), f"S{n}", src.ctype)
 
 
+def _narrow(L: Lowering, node: fx.Node) -> Val:
+    """``x.narrow(dim, start, length)``: a view; ``start`` and ``length`` may be traced sizes."""
+    base = _args(node)[0]
+    src = L.tensor(base)
+    d = int(_arg(node, 1, "dim")) % len(src.shape)
+    start, length = _pyexpr(L, _arg(node, 2, "start")), _pyexpr(L, _arg(node, 3, "length"))
+    n = L.order[node]
+    S = f"S{L.order[base]}"
+    L.fwd(f"S{n} = {S}[:{d}] + (int({length}),) + {S}[{d + 1}:]")
+    L.fwd(f"N{n} = int({start}) + ({S}[{d}] if int({start}) < 0 else 0)")
+    out = _shape(node)
+    dims = L.shape_dims(f"S{n}", out)
+    at = L.sym(f"N{n}")
+    return Val(out, dims, lambda c: src.load([*c[:d], f"({c[d]} + {at})", *c[d + 1 :]]), f"S{n}", src.ctype)
+
+
 def _cat(L: Lowering, node: fx.Node) -> Val:
     parts = [L.tensor(a) for a in _arg(node, 0, "tensors")]
     d = int(_arg(node, 1, "dim", 0)) % len(parts[0].shape)
@@ -447,6 +463,7 @@ _VIEW_OPS: dict[str, Callable[[Lowering, fx.Node], Val]] = {
     "ones_like": lambda L, n: _fill_like(L, n, 1.0),
     "full_like": _fill_like,
     "select": _select,
+    "narrow": _narrow,
     "cat": _cat,
     "concat": _cat,
     "concatenate": _cat,

@@ -158,7 +158,11 @@ class _Trace:
         self.shapes = dict(problem.shapes)
         torch.manual_seed(0)
         self.init_inputs = list(ref.get_init_inputs())
+        validate = torch.distributions.Distribution._validate_args
         try:
+            # inputs drawn from a distribution (``Pareto(0.01, 1.5).sample(...)``): its argument checks
+            # read values, which meta tensors do not have
+            torch.distributions.Distribution.set_default_validate_args(False)
             with torch.device("meta"):
                 self.model: nn.Module = ref.Model(*self.init_inputs)
                 self.inputs = [x for x in ref.get_inputs()]
@@ -166,6 +170,8 @@ class _Trace:
             raise GeneratorUnsupported(
                 f"offline generator: cannot build the reference on the meta device: {exc}"
             ) from None
+        finally:
+            torch.distributions.Distribution.set_default_validate_args(validate)
         try:
             self.gm = normalize(fx.symbolic_trace(self.model))
             ShapeProp(self.gm).propagate(*self.inputs)
