@@ -1,6 +1,7 @@
 """Rewrite forms of a traced KernelBench reference that the lowering does not need to know about.
 
-Run on the ``torch.fx`` graph right after tracing, before shapes are propagated:
+Run on the ``torch.fx`` graph right after tracing, before shapes are propagated (first the
+spellings of :mod:`.normalize_forms`: in-place ops, aliases, compositions):
 
 * **Scalar tensor constants.** ``torch.tensor(0.5)`` in ``forward`` is traced as an ``fx`` constant
   attribute (``_tensor_constant0``), one with ``device=x.device`` or ``dtype=x.dtype`` as a
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+
+from kfoundry.plugins.llms.offline.normalize_forms import rewrite_forms
 
 __all__ = ["normalize"]
 
@@ -53,7 +56,7 @@ _FACTORIES = {torch.tensor, torch.scalar_tensor, torch.as_tensor}
 
 def normalize(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` rewritten in place (see the module docstring) and recompiled; returned for chaining."""
-    changed = False
+    changed = rewrite_forms(gm)
     for node in list(gm.graph.nodes):
         value = _scalar_constant(gm, node)
         if value is None:

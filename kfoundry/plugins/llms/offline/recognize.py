@@ -503,6 +503,8 @@ def _rms_norm(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         if len(dim) != 1:
             return None
         dim = dim[0]
+    if not isinstance(dim, int):  # a mean over everything (``x.mean()``) is not a row norm
+        return None
     eps = [a for n in t.nodes for a in n.args if isinstance(a, float) and 0 < a < 0.1]
     shape = list(t.inputs[0].shape)
     outer, r, inner = _split(shape, int(dim))
