@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from kfoundry.plugins.llms.offline.normalize_forms import rewrite_forms
 
-__all__ = ["normalize"]
+__all__ = ["normalize", "with_shapes"]
 
 #: Elementwise ops that take a Python number wherever they take a tensor operand.
 _NUMBER_OK: set[Any] = {
@@ -147,3 +148,63 @@ def _erase_with_dead_inputs(graph: fx.Graph, node: fx.Node) -> None:
     for a in inputs:
         if not a.users and a.op == "call_function" and a.target is getattr:
             graph.erase_node(a)
+
+
+def with_shapes(gm: fx.GraphModule) -> bool:
+    """Rewrites that need the propagated shapes and dtypes (run after ``ShapeProp``; True if the graph
+    changed and shapes must be propagated again): ``y.dtype`` as an argument is the dtype it was traced
+    with; ``x.type_as(y)`` is ``x.to(dtype)``; ``movedim`` with int dims is ``permute``; ``F.prelu`` is
+    ``where(x >= 0, x, weight * x)`` with the weight over the channel dimension."""
+    changed = False
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is getattr and node.args[1] == "dtype":
+            meta = getattr(node.args[0], "meta", {}).get("tensor_meta")
+            if meta is not None and hasattr(meta, "dtype"):
+                node.replace_all_uses_with(meta.dtype)
+                graph.erase_node(node)
+                changed = True
+        elif node.op == "call_method" and node.target == "type_as" and len(node.args) == 2:
+            meta = getattr(node.args[1], "meta", {}).get("tensor_meta")
+            if meta is not None and hasattr(meta, "dtype"):
+                node.target, node.args = "to", (node.args[0], meta.dtype)
+                changed = True
+        elif _name(node) == "movedim" and _rank(node.args[0]) is not None:
+            rank, src, dst = _rank(node.args[0]), _arg(node, 1, "source"), _arg(node, 2, "destination")
+            if isinstance(src, int) and isinstance(dst, int) and rank:
+                order = [d for d in range(rank) if d != src % rank]
+                order.insert(dst % rank, src % rank)
+                with graph.inserting_before(node):
+                    new = graph.call_method("permute", (node.args[0], *order))
+                node.replace_all_uses_with(new)
+                graph.erase_node(node)
+                changed = True
+        elif node.op == "call_function" and node.target in (F.prelu, torch.prelu) and _rank(node.args[0]):
+            x, w = node.args[0], node.args[1]
+            ones = [1] * max(0, (_rank(x) or 2) - 2)
+            with graph.inserting_before(node):
+                wv = graph.call_method("reshape", (w, -1, *ones)) if ones else w
+                neg = graph.call_function(operator.mul, (wv, x))
+                new = graph.call_function(torch.where, (graph.call_function(operator.ge, (x, 0.0)), x, neg))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            changed = True
+    if changed:
+        graph.lint()
+        gm.recompile()
+    return changed
+
+
+def _name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    return str(getattr(node.target, "__name__", "")) if node.op == "call_function" else ""
+
+
+def _arg(node: fx.Node, pos: int, key: str) -> Any:
+    return node.kwargs[key] if key in node.kwargs else node.args[pos] if len(node.args) > pos else None
+
+
+def _rank(a: Any) -> int | None:
+    meta = a.meta.get("tensor_meta") if isinstance(a, fx.Node) else None
+    return len(meta.shape) if meta is not None and hasattr(meta, "shape") else None

@@ -80,7 +80,7 @@ def rewrite_forms(gm: fx.GraphModule) -> bool:
         for node in list(gm.graph.nodes):
             if node.graph is not gm.graph or node.op not in ("call_function", "call_method", "call_module"):
                 continue
-            for rule in (_inplace, _alias, _clamp_bound, _drop_none_dim, _compose):
+            for rule in (_inplace, _alias, _module, _pick, _clamp_bound, _drop_none_dim, _compose):
                 if rule(gm, node) is not None:
                     changed = again = True
                     break
@@ -151,6 +151,72 @@ def _later_users(target: fx.Node, node: fx.Node, include_base: bool = False) -> 
     while include_base and _is_view(bases[-1]) and isinstance(bases[-1].args[0], fx.Node):
         bases.append(bases[-1].args[0])
     return [u for b in bases for u in b.users if u is not node and order[u] > order[node]]
+
+
+# -- modules as functions, picks of tuple ops ---------------------------------------------------
+
+
+def _module(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """``nn.PReLU``, ``nn.Hardshrink``, ``nn.Softshrink``, ``nn.Tanhshrink``, ``nn.Threshold``,
+    ``nn.CELU``, ``nn.GLU`` and ``nn.RMSNorm`` as their functions (rewritten further by the rules here)."""
+    if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+        return None
+    mod: Any = gm.get_submodule(str(node.target))
+    graph, x = gm.graph, node.args[0]
+    kind = type(mod).__name__
+    made: Callable[[], fx.Node] | None = None
+    if kind == "PReLU":
+        made = lambda: _call(graph, F.prelu, x, graph.get_attr(f"{node.target}.weight"))  # noqa: E731
+    elif kind in ("Hardshrink", "Softshrink"):
+        fn = F.hardshrink if kind == "Hardshrink" else F.softshrink
+        made = lambda: _call(graph, fn, x, float(mod.lambd))  # noqa: E731
+    elif kind == "Tanhshrink":
+        made = lambda: _call(graph, F.tanhshrink, x)  # noqa: E731
+    elif kind == "Threshold":
+        made = lambda: _call(graph, F.threshold, x, float(mod.threshold), float(mod.value))  # noqa: E731
+    elif kind == "CELU":
+        made = lambda: _call(graph, F.celu, x, float(mod.alpha))  # noqa: E731
+    elif kind == "GLU":
+        made = lambda: _call(graph, F.glu, x, int(mod.dim))  # noqa: E731
+    elif kind == "RMSNorm":
+        weight = f"{node.target}.weight" if getattr(mod, "weight", None) is not None else None
+        shape = tuple(mod.normalized_shape)
+        made = lambda: _call(  # noqa: E731
+            graph, F.rms_norm, x, shape, graph.get_attr(weight) if weight else None, mod.eps
+        )
+    if made is None:
+        return None
+    return _replace(graph, node, made)
+
+
+def _pick(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """``x.unbind(d)[i]`` is ``x.select(d, i)``; ``torch.chunk(x, c, d)[i]`` for ``i < c - 1`` is
+    ``x.narrow(d, i * k, k)`` with ``k = ceil(x.size(d) / c)``."""
+    if node.op != "call_function" or node.target is not operator.getitem or not isinstance(node.args[1], int):
+        return None
+    src, i = node.args[0], int(node.args[1])
+    if not isinstance(src, fx.Node) or not isinstance(src.args[0] if src.args else None, fx.Node):
+        return None
+    graph, name, x = gm.graph, _name(src), src.args[0]
+    if name == "unbind":
+        dim = int(_arg(src, 1, "dim", 0))
+        new = _replace(graph, node, lambda: graph.call_method("select", (x, dim, i)))
+    elif name == "chunk":
+        c, dim = int(_arg(src, 1, "chunks", 1)), int(_arg(src, 2, "dim", 0))
+        if not 0 <= i < c - 1:
+            return None
+
+        def piece() -> fx.Node:
+            n = graph.call_method("size", (x, dim))
+            k = _call(graph, operator.floordiv, _call(graph, operator.add, n, c - 1), c)
+            return graph.call_method("narrow", (x, dim, _call(graph, operator.mul, k, i), k))
+
+        new = _replace(graph, node, piece)
+    else:
+        return None
+    if not src.users:
+        graph.erase_node(src)
+    return new
 
 
 # -- aliases ------------------------------------------------------------------------------------

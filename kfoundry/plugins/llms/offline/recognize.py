@@ -23,7 +23,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
 from kfoundry.plugins.llms.offline.elementwise_ops import node_expr
-from kfoundry.plugins.llms.offline.normalize import normalize
+from kfoundry.plugins.llms.offline.normalize import normalize, with_shapes
 
 FAMILIES = (
     "elementwise",
@@ -175,6 +175,10 @@ class _Trace:
         try:
             self.gm = normalize(fx.symbolic_trace(self.model))
             ShapeProp(self.gm).propagate(*self.inputs)
+            for _ in range(3):  # a rewritten node's users get their shapes in the next round
+                if not with_shapes(self.gm):
+                    break
+                ShapeProp(self.gm).propagate(*self.inputs)
         except Exception as exc:
             raise GeneratorUnsupported(f"offline generator: cannot trace the reference: {exc}") from None
         self.nodes = [n for n in self.gm.graph.nodes if n.op not in ("placeholder", "output")]
