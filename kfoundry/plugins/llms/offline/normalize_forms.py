@@ -59,6 +59,16 @@ _ALIASES: dict[Any, Any] = {
 }
 _METHOD_ALIASES = {"clip": "clamp", "swapaxes": "transpose", "swapdims": "transpose", "absolute": "abs"}
 _COMPARES = {"gt", "lt", "ge", "le", "eq", "ne", "greater", "less", "logical_not", "isnan", "isinf"}
+#: Tensor methods that are the function of the same name with the tensor first.
+_METHOD_FUNCTIONS: dict[str, Any] = {
+    "diff": torch.diff,
+    "lerp": torch.lerp,
+    "addcmul": torch.addcmul,
+    "logit": torch.logit,
+    "nan_to_num": torch.nan_to_num,
+    "outer": torch.outer,
+    "ger": torch.ger,
+}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "prod", "std", "var", "logsumexp", "max", "min", "norm"}
 
 
@@ -266,7 +276,7 @@ def _compose(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     graph = gm.graph
     name = _name(node)
     fnode = node.op == "call_function"
-    composed = COMPOSITIONS.get(node.target) if fnode else None
+    composed = COMPOSITIONS.get(node.target if fnode else _METHOD_FUNCTIONS.get(name))
     if composed is not None:
         with graph.inserting_before(node):
             new = composed(graph, node)
