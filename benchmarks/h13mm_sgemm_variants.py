@@ -41,17 +41,19 @@ SWEEP = {"BK": [8, 16, 32], "STAGES": [2, 3, 4], "LAYOUT": [0, 1]}
 
 #: ``matmul/sgemm_warp`` tile shapes at 4096^3: block BM x BN, warp WM x WN, thread TM x TN (MINB blocks/SM).
 _W = {
-    "t16x8": {"BM": 128, "BN": 128, "WM": 64, "WN": 64, "TM": 16, "TN": 8},
-    "t8x16": {"BM": 128, "BN": 128, "WM": 64, "WN": 64, "TM": 8, "TN": 16},
-    "w32x64": {"BM": 128, "BN": 128, "WM": 32, "WN": 64, "TM": 8, "TN": 8, "MINB": 1},
-    "128x256": {"BM": 128, "BN": 256, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "MINB": 1},
-    "256x128": {"BM": 256, "BN": 128, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "MINB": 1},
+    "128x256": {"BM": 128, "BN": 256, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "BK": 16, "MINB": 1},
+    "256x128": {"BM": 256, "BN": 128, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "BK": 16, "MINB": 1},
+    "128x256_t8x16": {"BM": 128, "BN": 256, "WM": 64, "WN": 64, "TM": 8, "TN": 16, "BK": 16, "MINB": 1},
+    "128x128": {"BM": 128, "BN": 128, "WM": 64, "WN": 32, "TM": 8, "TN": 8, "BK": 8, "MINB": 2},
+    "128x128_t16x8": {"BM": 128, "BN": 128, "WM": 64, "WN": 64, "TM": 16, "TN": 8, "BK": 8, "MINB": 2},
 }
 WARP_SWEEP: list[dict[str, int]] = [
-    *({**t, "BK": bk} for t in _W.values() for bk in (8, 16)),
-    {**_W["t16x8"], "SWZ": 0},
-    {**_W["t16x8"], "SWZ": 0, "BK": 16},
-    {**_W["t16x8"], "MINB": 1},
+    *({**_W["128x256"], "SWZ": swz} for swz in (0, 4, 16)),
+    {**_W["128x256"], "BK": 8},
+    *({**_W[t], "SWZ": swz} for t in ("256x128", "128x256_t8x16") for swz in (0, 8)),
+    {**_W["256x128"], "BK": 8},
+    {**_W["128x128"], "SWZ": 16},
+    {**_W["128x128_t16x8"], "SWZ": 0},
 ]
 
 

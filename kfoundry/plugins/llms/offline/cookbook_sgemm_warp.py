@@ -17,8 +17,11 @@ WM x WN and the thread tile TM x TN (NT = (BM / WM) * (BN / WN) * 32 threads, WM
 - SPLIT=1: where the output has fewer tiles than the SMs and K is long, K is split over grid z; each slice
   writes its partial tile to a workspace and ``matmul_sum`` adds the slices in order (deterministic).
 
-Expected at 4096^3 on the H200 (132 SMs, fp32 FFMA peak ~67 TFLOP/s): cuBLAS reads ~51 TFLOP/s (2.7 ms);
-a 128 x 128 x 8 tile with 64 x 64 warp tiles (128 threads, 16 x 8 per thread) is cuBLAS' own SIMT shape.
+Measured on the H200 (benchmarks/h13mm_sgemm_variants.py, CUDA-event medians, TF32 off; 2026-12-02): at
+4096^3 the default (128 x 256 x 16, eight 64 x 64 warps of 16 x 8, one block per SM) 2.95-2.99 ms against
+cuBLAS' 2.70-2.78 ms (0.90-0.91x; sgemm_128x128 0.87x); 128 x 128 tiles 0.80-0.87x. The default at KernelBench
+shapes before it became the default (128 x 128, 16 x 8): matmul_irregular 0.85x, matmul_large_k (split K)
+0.82x, tall_skinny 1.03x.
 """
 
 from __future__ import annotations
@@ -76,74 +79,65 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
     const int bm = by * BM, bn = bx * BN;
     const int kb = blockIdx.z * kc, ke = min(K, kb + kc);
     const int ntiles = (ke - kb + BK - 1) / BK;
-    // the thread's global loads: A (and BT's B) as rows x float4 along K, B as rows of K x float4 along N
+    const int full = (ke - kb) / BK;   // steps without a K tail; a last partial step checks K
+    // the thread's global loads: A (and BT's B) as rows x float4 along K, B as rows of K x float4 along N.
+    // Rows past M and columns past N are clamped onto the last one (their products are never stored), so
+    // only a K tail needs predicates (zero fill: it feeds every output).
     const float* pa[LA];
-    int ka[LA];
-    bool ma[LA];
     #pragma unroll
     for (int i = 0; i < LA; ++i) {{
-        const int e = tid + NT * i, r = e / KQ, q = (e % KQ) * 4, m = bm + r;
-        ma[i] = m < M;
-        ka[i] = kb + q;
-        pa[i] = A + (size_t)(ma[i] ? m : 0) * K + kb + q;
+        const int e = tid + NT * i, r = e / KQ, q = (e % KQ) * 4;
+        pa[i] = A + (size_t)min(bm + r, M - 1) * K + kb + q;
     }}
     const float* pb[LB];
-    int kbv[LB];
-    bool nb[LB];
     #pragma unroll
     for (int i = 0; i < LB; ++i) {{
         const int e = tid + NT * i;
 #if BT
-        const int r = e / KQ, q = (e % KQ) * 4, n = bn + r;
-        nb[i] = n < N;
-        kbv[i] = kb + q;
-        pb[i] = B + (size_t)(nb[i] ? n : 0) * K + kb + q;
+        const int r = e / KQ, q = (e % KQ) * 4;
+        pb[i] = B + (size_t)min(bn + r, N - 1) * K + kb + q;
 #else
-        const int r = e / (BN / 4), c = (e % (BN / 4)) * 4, n = bn + c;
-        nb[i] = n < N;
-        kbv[i] = kb + r;
-        pb[i] = B + (size_t)min(kb + r, K - 1) * N + (nb[i] ? n : 0);
+        const int r = e / (BN / 4), n = bn + (e % (BN / 4)) * 4;
+        pb[i] = B + (size_t)(kb + r) * N + (VEC ? min(n, N - 4) : 0);
 #endif
     }}
     float4 ga[LA], gb[LB];
-    auto fetch = [&](int t) {{
+    // 4 consecutive floats of a row along K from p (k: the first one's K index; check: a tail step)
+    auto row4 = [&](const float* p, int k, bool check) -> float4 {{
+        float4 v;
+        if (VEC) {{
+            v = !check || k < ke ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }} else {{
+            v.x = !check || k < ke ? __ldg(p) : 0.0f;
+            v.y = !check || k + 1 < ke ? __ldg(p + 1) : 0.0f;
+            v.z = !check || k + 2 < ke ? __ldg(p + 2) : 0.0f;
+            v.w = !check || k + 3 < ke ? __ldg(p + 3) : 0.0f;
+        }}
+        return v;
+    }};
+    auto fetch = [&](int t, bool check) {{
         const int dk = t * BK;
         #pragma unroll
         for (int i = 0; i < LA; ++i) {{
-            const int k = ka[i] + dk;
-            if (VEC) {{
-                ga[i] = ma[i] && k < ke ? __ldg(reinterpret_cast<const float4*>(pa[i] + dk)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }} else {{
-                const float* p = pa[i] + dk;
-                ga[i].x = ma[i] && k < ke ? __ldg(p) : 0.0f;
-                ga[i].y = ma[i] && k + 1 < ke ? __ldg(p + 1) : 0.0f;
-                ga[i].z = ma[i] && k + 2 < ke ? __ldg(p + 2) : 0.0f;
-                ga[i].w = ma[i] && k + 3 < ke ? __ldg(p + 3) : 0.0f;
-            }}
+            const int e = tid + NT * i;
+            ga[i] = row4(pa[i] + dk, kb + (e % KQ) * 4 + dk, check);
         }}
         #pragma unroll
         for (int i = 0; i < LB; ++i) {{
-            const int k = kbv[i] + dk;
+            const int e = tid + NT * i;
 #if BT
-            if (VEC) {{
-                gb[i] = nb[i] && k < ke ? __ldg(reinterpret_cast<const float4*>(pb[i] + dk)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }} else {{
-                const float* p = pb[i] + dk;
-                gb[i].x = nb[i] && k < ke ? __ldg(p) : 0.0f;
-                gb[i].y = nb[i] && k + 1 < ke ? __ldg(p + 1) : 0.0f;
-                gb[i].z = nb[i] && k + 2 < ke ? __ldg(p + 2) : 0.0f;
-                gb[i].w = nb[i] && k + 3 < ke ? __ldg(p + 3) : 0.0f;
-            }}
+            gb[i] = row4(pb[i] + dk, kb + (e % KQ) * 4 + dk, check);
 #else
             const float* p = pb[i] + (size_t)dk * N;
+            const bool ok = !check || kb + e / (BN / 4) + dk < ke;
             if (VEC) {{
-                gb[i] = nb[i] && k < ke ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }} else {{
-                const int n = bn + (((tid + NT * i) % (BN / 4)) * 4);
-                gb[i].x = k < ke && n < N ? __ldg(p) : 0.0f;
-                gb[i].y = k < ke && n + 1 < N ? __ldg(p + 1) : 0.0f;
-                gb[i].z = k < ke && n + 2 < N ? __ldg(p + 2) : 0.0f;
-                gb[i].w = k < ke && n + 3 < N ? __ldg(p + 3) : 0.0f;
+                gb[i] = ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }} else {{   // columns clamped onto N - 1
+                const int n = bn + (e % (BN / 4)) * 4;
+                gb[i].x = ok ? __ldg(p + min(n, N - 1)) : 0.0f;
+                gb[i].y = ok ? __ldg(p + min(n + 1, N - 1)) : 0.0f;
+                gb[i].z = ok ? __ldg(p + min(n + 2, N - 1)) : 0.0f;
+                gb[i].w = ok ? __ldg(p + min(n + 3, N - 1)) : 0.0f;
             }}
 #endif
         }}
@@ -180,14 +174,16 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
         #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
     if (ntiles > 0) {{
-        fetch(0);
+        if (full > 0) fetch(0, false);
+        else fetch(0, true);
         stash(0);
     }}
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {{
         const int cur = t & 1;
         const bool more = t + 1 < ntiles;
-        if (more) fetch(t + 1);   // in flight during this step's FMAs
+        if (t + 1 < full) fetch(t + 1, false);   // in flight during this step's FMAs
+        else if (more) fetch(t + 1, true);
         const float* as = As + cur * (BK * SA) + rb;
         const float* bs = Bs + cur * (BK * SB) + cb;
         #pragma unroll
@@ -257,16 +253,17 @@ extern "C" __global__ void matmul_sum(const float* __restrict__ W, {bias_p}float
 """
 
 
-#: Parameters of the default (cuBLAS' SIMT shape: 128 x 128 x 8, four 64 x 64 warps, 16 x 8 per thread).
+#: Parameters of the default: 128 x 256 x 16 block tiles, eight 64 x 64 warps of 16 x 8 per thread, one
+#: block per SM (the fastest of benchmarks/h13mm_sgemm_variants.py's sweep at 4096^3 on the H200).
 DEFAULTS: dict[str, int] = {
     "BM": 128,
-    "BN": 128,
-    "BK": 8,
+    "BN": 256,
+    "BK": 16,
     "WM": 64,
     "WN": 64,
     "TM": 16,
     "TN": 8,
-    "MINB": 2,
+    "MINB": 1,
     "SWZ": 8,
     "SPLIT": 1,
 }
@@ -318,8 +315,8 @@ return c
                 "WN": [32, 64],
                 "TM": [4, 8, 16],
                 "TN": [4, 8, 16],
-                "MINB": [1, 2],
-                "SWZ": [0, 8],
+                "MINB": [1, 2, 3, 4],
+                "SWZ": [0, 4, 8, 16],
                 "SPLIT": [0, 1],
             },
             restrictions=[
@@ -328,13 +325,14 @@ return c
                 "(BM // WM) * (BN // WN) * 32 <= 512",
                 "(BM * BK // 4) % ((BM // WM) * (BN // WN) * 32) == 0",
                 "(BN * BK // 4) % ((BM // WM) * (BN // WN) * 32) == 0",
-                # accumulators plus ~80 registers of fragments, staged loads and addresses per thread
-                "(TM * TN + 80) * (BM // WM) * (BN // WN) * 32 * MINB <= 65536",
+                # registers: accumulators, the staged loads and ~56 of fragments and addresses per thread
+                "(TM * TN + (BM + BN) * BK // ((BM // WM) * (BN // WN) * 32) + 56) * (BM // WM) * (BN // WN) * 32"
+                " * MINB <= 65536",
                 "2 * BK * (BM + BN + 8) * 4 * MINB <= 225000",
             ],
         ),
         dict(DEFAULTS),
-        rank=6,
+        rank=7,
         modules=spec.modules,
         description="warp-tiled SGEMM: BM x BN x BK block tiles, WM x WN warp tiles of TM x TN float4 strips "
         "per thread, A transposed in shared memory, double-buffered with register-staged LDG.128, grouped "
