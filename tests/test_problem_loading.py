@@ -129,3 +129,22 @@ def test_native_task_errors(tmp_path: Path, text: str, ref: str, expected: str |
         return
     with pytest.raises(ProblemError, match=expected):
         load_problem(path)
+
+
+def test_a_reference_that_cannot_run_on_meta_is_not_drawn_for_real_at_any_size(tmp_path: Path) -> None:
+    """Without a limit from the caller, the real-draw fallback of ``analysis`` stops at a quarter of this
+    machine's memory: a huge problem is refused in one line instead of allocating it."""
+    path = tmp_path / "huge_nonmeta.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\nN = 2**40\n\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * float(x.sum().item())  # .item() cannot run on the meta device\n\n"
+        "def get_inputs():\n    return [torch.rand(N)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    problem = load_problem(path)
+    with pytest.raises(ProblemError, match="not drawn for real beyond"):
+        problem.analysis()
+    small = load_problem(path, {"N": 64})  # small enough: drawn for real, analysed
+    assert small.analysis().input_shapes == [[64]]

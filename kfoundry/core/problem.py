@@ -217,7 +217,8 @@ class Problem:
         """Run the reference once (seed 0): shapes, dtypes, bytes moved and FLOPs (cached).
 
         On the meta device first (nothing allocated); where the reference cannot run there, for real,
-        but only when the inputs (sized on the meta device) fit ``max_input_bytes``.
+        but only when the inputs (sized on the meta device) fit ``max_input_bytes`` (without one: a
+        quarter of this machine's memory).
         """
         if self._analysis is None:
             try:  # on the meta device: shapes and FLOPs without allocating or computing anything
@@ -225,11 +226,15 @@ class Problem:
                     inputs, outputs, flops = self._run_counted(meta=True)
             except (Exception, SystemExit):
                 known = self.input_bytes()
-                if max_input_bytes is not None and (known is None or known > max_input_bytes):
+                host = _host_memory()
+                limit = max_input_bytes if max_input_bytes is not None else (host // 4 if host else None)
+                if limit is not None and (
+                    (known is None and max_input_bytes is not None) or (known is not None and known > limit)
+                ):
                     raise ProblemError(
                         f"{self.path}: the reference does not run on the meta device, and its inputs"
                         f" ({'unknown size' if known is None else _size(known)}) are not drawn for real"
-                        f" beyond {_size(max_input_bytes)}"
+                        f" beyond {_size(limit)}"
                     ) from None
                 try:
                     inputs, outputs, flops = self._run_counted()
