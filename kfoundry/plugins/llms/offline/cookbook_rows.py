@@ -1495,4 +1495,7 @@ def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     extra = [split_rows(spec, language), inner_vector(spec, language)]
     if language == "cuda":
         extra += [split_rows_vec(spec), inner_columns(spec), inner_split(spec)]
+        from kfoundry.plugins.llms.offline.cookbook_rows_onchip import onchip_split  # noqa: PLC0415
+
+        extra.append(onchip_split(spec))  # long rows on chip: one read, one write (issue 13)
     return out + [r for r in extra if r is not None]
