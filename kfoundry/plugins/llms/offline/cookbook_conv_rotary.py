@@ -10,6 +10,7 @@ Scalar kernels are written once in OpenCL C and translated to CUDA (:func:`to_cu
 from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
+from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe, to_cuda
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
@@ -351,6 +352,7 @@ extern "C" __global__ void rotary(const float* __restrict__ X, const float* __re
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    return (
-        conv_recipes(spec, language) if spec.family == "depthwise_conv2d" else rotary_recipes(spec, language)
+    return adapt(
+        conv_recipes(spec, language) if spec.family == "depthwise_conv2d" else rotary_recipes(spec, language),
+        spec,
     )

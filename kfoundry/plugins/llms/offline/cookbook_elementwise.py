@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
 from kfoundry.plugins.llms.offline.elementwise_ops import prelude
+from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
@@ -379,4 +380,4 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
-    return opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
+    return adapt(opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec), spec)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from kfoundry.core.models import ParamValue, TunableSpace
+from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.lower import PY_HELPERS, Lowering, forward_body, init_source, kernel_source
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
@@ -123,4 +124,4 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     names = ["graph/unfused", "graph/fused"] + (["graph/fused_coop"] if language == "cuda" else [])
-    return [recipe(spec, language, name, rank) for rank, name in enumerate(names)]
+    return adapt([recipe(spec, language, name, rank) for rank, name in enumerate(names)], spec)

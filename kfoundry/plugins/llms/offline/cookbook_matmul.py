@@ -14,6 +14,7 @@ from kfoundry.plugins.llms.offline import cookbook_hgemm
 from kfoundry.plugins.llms.offline.cookbook_sgemm import sgemm_async
 from kfoundry.plugins.llms.offline.cookbook_sgemm_warp import sgemm_warp
 from kfoundry.plugins.llms.offline.elementwise_ops import prelude
+from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
@@ -948,5 +949,5 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) matmul({args}) {{
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
     if spec.dtype != "float32":  # fp16 / bf16: fp32 accumulation, tensor cores on CUDA
         build = cookbook_hgemm.opencl_recipes if language == "opencl" else cookbook_hgemm.cuda_recipes
-        return build(spec, _epilogue(spec, language), "epilogue({v}, {n})")
-    return opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec)
+        return adapt(build(spec, _epilogue(spec, language), "epilogue({v}, {n})"), spec)
+    return adapt(opencl_recipes(spec) if language == "opencl" else cuda_recipes(spec), spec)

@@ -8,6 +8,7 @@ read of the row) → on CUDA, warp-shuffle merges and the warp/block hierarchy.
 from __future__ import annotations
 
 from kfoundry.core.models import ParamValue, TunableSpace
+from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.recipe import OPENCL_VECTOR_HELPERS, Recipe, to_cuda
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 from kfoundry.plugins.llms.offline.rowops import RowOp, multipass, row_op
@@ -1472,7 +1473,7 @@ c = torch.empty((M, 1), dtype=a.dtype, device=a.device)
 self.prog.gemv(a, b, c, M, K, grid=(max(1, _cdiv(M, p['BLOCK'] // 32 // p['KS'])), 1, 1), block=(p['BLOCK'], 1, 1))
 return c
 """
-    return Recipe(
+    recipe = Recipe(
         "matmul/gemv_rows",
         "matmul",
         "cuda",
@@ -1488,6 +1489,7 @@ return c
         description="a dot product per row, K split over a few warps, eight float4 loads in flight per "
         "lane, warp shuffles and shared memory",
     )
+    return adapt([recipe], spec)[0]
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
@@ -1498,4 +1500,4 @@ def recipes(spec: OpSpec, language: str) -> list[Recipe]:
         from kfoundry.plugins.llms.offline.cookbook_rows_onchip import onchip_split  # noqa: PLC0415
 
         extra.append(onchip_split(spec))  # long rows on chip: one read, one write (issue 13)
-    return out + [r for r in extra if r is not None]
+    return adapt(out + [r for r in extra if r is not None], spec)

@@ -86,18 +86,20 @@ def make_recipe(
 
 def recipes(spec: OpSpec) -> list[Recipe]:
     """The Triton recipes for ``spec`` (GeneratorUnsupported outside the elementwise and row families)."""
+    from kfoundry.plugins.llms.offline.index_width import adapt
+
     if spec.family == "elementwise":
         from kfoundry.plugins.llms.offline.triton_elementwise import elementwise_recipes
 
-        return elementwise_recipes(spec)
+        return adapt(elementwise_recipes(spec), spec)
     if spec.family == "matmul":
         from kfoundry.plugins.llms.offline.triton_matmul import matmul_recipes
 
-        return matmul_recipes(spec)
+        return adapt(matmul_recipes(spec), spec)
     if spec.family in ROW_FAMILIES:
         from kfoundry.plugins.llms.offline.triton_rows import row_recipes
 
-        return row_recipes(spec)
+        return adapt(row_recipes(spec), spec)
     raise GeneratorUnsupported(
         f"offline generator: no Triton recipes for the {spec.family} family (elementwise, matmul and row families only)"
     )
