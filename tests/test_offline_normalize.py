@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from kfoundry.core.generator import ProblemSummary
+from kfoundry.core.generator import GeneratorUnsupported, ProblemSummary
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline.lower import init_source
 from kfoundry.plugins.llms.offline.normalize import normalize, with_shapes
@@ -50,7 +50,7 @@ def test_tensor_constants_made_in_forward_are_rewritten_and_keep_their_values() 
     torch.testing.assert_close(gm(x), _Constants()(x), equal_nan=True)
 
 
-def test_a_constant_a_method_is_called_on_is_left_as_it_is() -> None:
+def test_a_constant_a_method_is_called_on_becomes_full_like() -> None:
     class M(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.tensor(3.0).sub(x)
@@ -58,6 +58,16 @@ def test_a_constant_a_method_is_called_on_is_left_as_it_is() -> None:
     gm = _traced(M())
     x = torch.randn(5)
     torch.testing.assert_close(gm(x), 3.0 - x)
+    assert torch.full_like in {n.target for n in gm.graph.nodes}
+
+
+def test_a_tensor_constant_of_several_elements_is_refused_in_one_line() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ torch.eye(5)
+
+    with pytest.raises(GeneratorUnsupported, match="tensor constant made in forward"):
+        _traced(M())
 
 
 def test_inputs_from_torch_distributions_are_traced_and_not_imported_by_the_candidate() -> None:
@@ -108,7 +118,7 @@ _FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "movedim type_as dtype": lambda x: (
         torch.movedim(x, 1, -1).type_as(x) * (x.movedim(1, -1) > 0).to(x.dtype)
     ),
-    "prelu": lambda x: F.prelu(x, torch.tensor([0.1, 0.2, 0.3, 0.4])),
+    "prelu": lambda x: F.prelu(x, torch.nan_to_num(x[0, :, 0, 0]).clamp(-1, 1) * 0.1),  # a finite weight
 }
 
 

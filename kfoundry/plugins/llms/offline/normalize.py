@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.plugins.llms.offline.normalize_forms import rewrite_forms
 
 __all__ = ["normalize", "with_shapes"]
@@ -67,6 +68,12 @@ def normalize(gm: fx.GraphModule) -> fx.GraphModule:
         if not node.users:
             _erase_with_dead_inputs(gm.graph, node)
             changed = True
+    left = [n for n in gm.graph.nodes if n.op == "get_attr" and str(n.target).startswith("_tensor_constant")]
+    if left:  # the generated model holds the reference's parameters, not constants made by tracing
+        raise GeneratorUnsupported(
+            f"offline generator: a tensor constant made in forward ({left[0].name}: more than one element, "
+            "or used where no other tensor gives its shape) is not in the cookbook"
+        )
     if changed:
         for name in [n for n in dir(gm) if n.startswith("_tensor_constant")]:
             if not any(n.op == "get_attr" and n.target == name for n in gm.graph.nodes):
@@ -128,9 +135,9 @@ def _replace_use(graph: fx.Graph, user: fx.Node, const: fx.Node, value: float | 
         new.meta = dict(user.meta)
         graph.erase_node(user)
         return True
-    if (fn in _NUMBER_OK or method in _NUMBER_OK_METHODS) and others and not isinstance(value, bool):
-        if method is not None and user.args and user.args[0] is const:
-            return False  # ``t.add(x)``: the constant is the object the method is called on
+    on_const = method is not None and bool(user.args) and user.args[0] is const  # ``t.sub(x)``: full_like
+    number_ok = fn in _NUMBER_OK or method in _NUMBER_OK_METHODS
+    if number_ok and others and not isinstance(value, bool) and not on_const:
         user.replace_input_with(const, value)  # type: ignore[arg-type]
         return True
     if not others:
@@ -153,7 +160,8 @@ def _erase_with_dead_inputs(graph: fx.Graph, node: fx.Node) -> None:
 def with_shapes(gm: fx.GraphModule) -> bool:
     """Rewrites that need the propagated shapes and dtypes (run after ``ShapeProp``; True if the graph
     changed and shapes must be propagated again): ``y.dtype`` as an argument is the dtype it was traced
-    with; ``x.type_as(y)`` is ``x.to(dtype)``; ``movedim`` with int dims is ``permute``; ``F.prelu`` is
+    with; ``x.type_as(y)`` is ``x.to(dtype)``; ``movedim`` with int dims is ``permute``; ``max``/``min`` over a negative dim count it
+    from 0; ``F.prelu`` is
     ``where(x >= 0, x, weight * x)`` with the weight over the channel dimension."""
     changed = False
     graph = gm.graph
@@ -163,6 +171,14 @@ def with_shapes(gm: fx.GraphModule) -> bool:
             if meta is not None and hasattr(meta, "dtype"):
                 node.replace_all_uses_with(meta.dtype)
                 graph.erase_node(node)
+                changed = True
+        elif _name(node) in ("max", "min") and isinstance(_arg(node, 1, "dim"), int) and _rank(node.args[0]):
+            dim, nd = _arg(node, 1, "dim"), _rank(node.args[0]) or 1
+            if dim < 0:  # ``x.max(dim=-1).values``: the (values, indices) pair with its dim counted from 0
+                if "dim" in node.kwargs:
+                    node.kwargs = {**node.kwargs, "dim": dim % nd}
+                else:
+                    node.args = (node.args[0], dim % nd, *node.args[2:])
                 changed = True
         elif node.op == "call_method" and node.target == "type_as" and len(node.args) == 2:
             meta = getattr(node.args[1], "meta", {}).get("tensor_meta")

@@ -168,7 +168,7 @@ def _later_users(target: fx.Node, node: fx.Node, include_base: bool = False) -> 
 
 def _module(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     """``nn.PReLU``, ``nn.Hardshrink``, ``nn.Softshrink``, ``nn.Tanhshrink``, ``nn.Threshold``,
-    ``nn.CELU``, ``nn.GLU`` and ``nn.RMSNorm`` as their functions (rewritten further by the rules here)."""
+    ``nn.CELU``, ``nn.Softplus``, ``nn.GLU`` and ``nn.RMSNorm`` as their functions (rewritten further by the rules here)."""
     if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
         return None
     mod: Any = gm.get_submodule(str(node.target))
@@ -186,6 +186,8 @@ def _module(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
         made = lambda: _call(graph, F.threshold, x, float(mod.threshold), float(mod.value))  # noqa: E731
     elif kind == "CELU":
         made = lambda: _call(graph, F.celu, x, float(mod.alpha))  # noqa: E731
+    elif kind == "Softplus":
+        made = lambda: _call(graph, F.softplus, x, float(mod.beta), float(mod.threshold))  # noqa: E731
     elif kind == "GLU":
         made = lambda: _call(graph, F.glu, x, int(mod.dim))  # noqa: E731
     elif kind == "RMSNorm":

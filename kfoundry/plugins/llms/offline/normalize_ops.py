@@ -173,7 +173,19 @@ def _soft_margin(g: fx.Graph, n: fx.Node) -> fx.Node | None:
     return _reduce(g, loss, n.kwargs.get("reduction", "mean"))
 
 
+def _softplus(g: fx.Graph, n: fx.Node) -> fx.Node | None:
+    """``F.softplus(x, beta, threshold)`` other than the defaults: log1p(exp(beta x)) / beta, x past the
+    threshold (the default spelling is the cookbook's own expression)."""
+    x, beta, th = n.args[0], float(_arg(n, 1, "beta", 1.0)), float(_arg(n, 2, "threshold", 20.0))
+    if beta == 1.0 and th == 20.0:
+        return None
+    bx = _c(g, operator.mul, x, beta)
+    soft = _c(g, operator.truediv, _c(g, torch.log1p, _c(g, torch.exp, bx)), beta)
+    return _c(g, torch.where, _c(g, operator.gt, bx, th), x, soft)
+
+
 COMPOSITIONS: dict[Any, Make] = {
+    F.softplus: _softplus,
     F.rms_norm: _rms_norm,
     torch.outer: _outer,
     torch.ger: _outer,
