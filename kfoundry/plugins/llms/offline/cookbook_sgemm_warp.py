@@ -17,11 +17,11 @@ WM x WN and the thread tile TM x TN (NT = (BM / WM) * (BN / WN) * 32 threads, WM
 - SPLIT=1: where the output has fewer tiles than the SMs and K is long, K is split over grid z; each slice
   writes its partial tile to a workspace and ``matmul_sum`` adds the slices in order (deterministic).
 
-Measured on the H200 (benchmarks/h13mm_sgemm_variants.py, CUDA-event medians, TF32 off; 2026-12-02): at
-4096^3 the default (128 x 256 x 16, eight 64 x 64 warps of 16 x 8, one block per SM) 2.95-2.99 ms against
-cuBLAS' 2.70-2.78 ms (0.90-0.91x; sgemm_128x128 0.87x); 128 x 128 tiles 0.80-0.87x. The default at KernelBench
-shapes before it became the default (128 x 128, 16 x 8): matmul_irregular 0.85x, matmul_large_k (split K)
-0.82x, tall_skinny 1.03x.
+Measured on the H200 (benchmarks/h13mm_sgemm_variants.py, CUDA-event medians, TF32 off; 2026-12-02, two
+calls): at 4096^3 the default (128 x 256 x 16, eight 64 x 64 warps of 16 x 8, one block per SM) 2.89-2.99 ms
+against cuBLAS' 2.69-2.78 ms (0.90-0.94x; sgemm_128x128 0.87-0.89x); 256 x 128 0.89x, 128 x 128 tiles
+0.80-0.87x. At the default: matmul_large_k (split K over 64 slices) 0.88x, tall_skinny 0.99x, matmul_irregular
+(the 4-byte kernel) 0.75x, where 128 x 128 tiles of 16 x 8 read 0.85-0.87x (a tuner's pick there).
 """
 
 from __future__ import annotations
