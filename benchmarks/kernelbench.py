@@ -44,7 +44,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kernelbench_* modules beside this file
 
 from kernelbench_cache import prepare  # noqa: E402
-from kernelbench_run import Timer, device_usable, judge_timer, make_timer, run_recipe, time_ms  # noqa: E402
+from kernelbench_run import (  # noqa: E402
+    Timer,
+    device_usable,
+    expected_output,
+    judge_timer,
+    make_timer,
+    run_recipe,
+    time_ms,
+)
 from kernelbench_table import HEADER, format_row, notes, summary  # noqa: E402
 from kernelbench_warm import COMPILE, Outcome, Task, warm_up  # noqa: E402
 
@@ -193,7 +201,7 @@ def _measure(
     ref = problem.make_reference().to(device)
     inputs = problem.make_inputs(1, device)  # drawn on the device: a host takes seconds at full size
     with torch.no_grad():
-        expected = ref(*inputs)
+        expected, inputs = expected_output(ref, problem, inputs, 1, device)
         eager = time_ms(functools.partial(ref, *inputs), timer, args.budget_s)
     row["eager_ms"] = eager
     pressed = s.left_s / max(1, s.left_rows) < args.press_s  # behind: the top recipe only, for every row
@@ -470,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 ref = problem.make_reference().to(device)
                 inputs = problem.make_inputs(1, device)
                 with torch.no_grad():
-                    expected = ref(*inputs)
+                    expected, inputs = expected_output(ref, problem, inputs, 1, device)
                 if not _breadth(row, recipes, problem, inputs, expected, device, load):
                     _restart(argv, {**run_state, "rows": [*rows, row]})
             except Exception as exc:  # noqa: BLE001 - the problem's own fault costs its row

@@ -56,7 +56,7 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
     sys.modules.pop("__mp_main__", None)
     import torch
     from kernelbench_cache import prepare
-    from kernelbench_run import close, device_usable, run_recipe
+    from kernelbench_run import close, device_usable, expected_output, run_recipe
 
     from kfoundry.core.problem import load_problem
     from kfoundry.plugins.llms.offline.generator import OfflineGenerator
@@ -72,7 +72,7 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
         ref = problem.make_reference().to(device)
         inputs = problem.make_inputs(1, device)
         with torch.no_grad():
-            expected = ref(*inputs)
+            expected, inputs = expected_output(ref, problem, inputs, 1, device)
         recipes = sorted(gen.recipes(problem.summary(), _language(backend_name)), key=lambda r: -r.rank)
         return problem, ref, inputs, expected, recipes
 

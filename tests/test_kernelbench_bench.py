@@ -122,3 +122,38 @@ def test_table_with_torch_compile_from_the_warm_up_cache(tmp_path: Path) -> None
     by = _check_table(text, rows)
     assert by["level1/relu.py"]["x_compile"] > 0
     assert "Inductor FX-graph cache 1 hits, 0 misses" in text or "FX-graph cache 2 hits, 0 misses" in text
+
+
+INPLACE = """import torch
+import torch.nn as nn
+
+n = 41
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        x.mul_(2.0)  # the reference writes its input
+        return x + 1.0
+
+
+def get_inputs():
+    return [torch.randn(n)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_reference_that_writes_its_inputs_hands_the_recipes_fresh_ones(tmp_path: Path) -> None:
+    data = tmp_path / "kb"
+    (data / "level1").mkdir(parents=True)
+    (data / "level1" / "inplace_scale.py").write_text(INPLACE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, str(SCRIPT), "--backend", "opencl", "--data", str(data), "--breadth"]
+    done = subprocess.run(
+        [*argv, "--level", "level1", "--workers", "0"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the recipes were checked on the inputs eager saw (not on the doubled ones): a correct kernel
+    assert "1/1 problems with a correct kernel" in done.stdout, done.stdout[-3000:]
