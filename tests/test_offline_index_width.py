@@ -250,7 +250,7 @@ def test_32_bit_kernels_have_margin_at_their_sizes(key: str) -> None:
     for shapes in (SMALL[key], {}):
         problem = _problem(key, shapes)
         spec = _GEN.spec(problem.summary())
-        if wide_needed(spec):
+        if wide_needed(spec) or spec.family == "graph":  # a graph's thread ids are kf_long (KF_GID)
             continue
         for recipe in _recipes(problem, "cuda"):
             for launch in _launches(recipe, problem):
