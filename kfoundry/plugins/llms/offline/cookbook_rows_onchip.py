@@ -22,6 +22,14 @@ Index arithmetic: row offsets are 64-bit (``row * R`` exceeds 2^31 for large ten
 row are 32-bit (a row has fewer than 2^31 elements, and ``forward`` refuses more than 2^31 - 1 tickets).
 The recipe is written 64-bit safe and says ``index64`` so :func:`index_width.adapt` leaves it alone.
 
+Measured on the H200 (benchmarks/kernelbench.py --sweep BLOCK,MINB, 2026-12-02, copy 4.02 TB/s): correct,
+but slower than the recipes it was meant to beat. Softmax 4096 x 393216: 5.53 ms at its best chunked
+setting (BLOCK 128, MINB 8; 5.61 at 256 x 4) against cluster_stream 4.76 and split_rows_vec 4.84 (the
+plain fallback kernel alone reads 5.34). Layer norm 16 x 4M with weight and bias: 0.344 ms (BLOCK 512,
+MINB 2; 0.352 at 256 x 4) against split_rows_vec 0.298. The chunks of a row wait for the row's slowest
+block while only about one (layer norm) to eleven (softmax) rows fit on chip, so the load and store phases
+of the resident blocks do not overlap enough; hence rank 2, below cluster_stream and split_rows_vec.
+
 Loads of x are streaming (``__ldcs``, evict-first: read once) and the output stores too (``__stcs``), so
 neither pushes layer norm's weight and bias (re-read for every row) out of L2; those load with an
 evict-last policy where ``HINT`` is 1.
@@ -315,9 +323,9 @@ def onchip_split(spec: OpSpec) -> Recipe | None:
         return None
     defaults: dict[str, ParamValue]
     if spec.family == "layer_norm":  # 16 MB rows: more of each row on chip (registers and shared memory)
-        defaults = {"BLOCK": 256, "V": 4, "S": 12, "MINB": 4, "HINT": 1}
+        defaults = {"BLOCK": 512, "V": 4, "S": 12, "MINB": 2, "HINT": 1}
     else:
-        defaults = {"BLOCK": 256, "V": 8, "S": 0, "MINB": 4, "HINT": 1}
+        defaults = {"BLOCK": 128, "V": 8, "S": 0, "MINB": 8, "HINT": 1}
     if not _fits(R, *(int(defaults[k]) for k in ("BLOCK", "V", "S", "MINB"))):
         return None
     op = row_op(spec, "cuda")
@@ -372,7 +380,8 @@ return y
             ],
         ),
         defaults,
-        rank=6,
+        # below cluster_stream and split_rows_vec: slower than both on the H200 (see the module doc)
+        rank=2,
         modules=spec.modules,
         preamble=_PY + f"\n#: SMs assumed off the GPU (the CPU emulation)\n_ONCHIP_SMS = {SMS}\n",
         description="rows cut into chunks held on chip (registers and shared memory), a block each, taken "
