@@ -206,7 +206,9 @@ class CudaKernel:
         self.function = function
         self.name = name
         self.param_sizes = self._param_sizes()
-        self._dynamic_shared_limit = 48 * 1024
+        #: the dynamic shared memory a launch may ask for without raising the limit (read from the driver
+        #: on the first launch that asks for any: 48 KB less the kernel's static shared memory)
+        self._dynamic_shared_limit: int | None = None
         self._handle = int(function)  # the CUfunction's value, for the direct driver call
 
     def _param_sizes(self) -> list[int] | None:
@@ -256,7 +258,12 @@ class CudaKernel:
         pointers = (ctypes.c_void_p * max(1, len(packed)))(*[ctypes.addressof(p) for p in packed])
         gx, gy, gz = _dims(grid, "grid")
         bx, by, bz = _dims(block, "block")
-        if shared_mem > self._dynamic_shared_limit:
+        if shared_mem and self._dynamic_shared_limit is None:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self._dynamic_shared_limit = int(
+                check(drv.cuFuncGetAttribute(attr, self.function), "reading the shared-memory limit")
+            )
+        if shared_mem and shared_mem > (self._dynamic_shared_limit or 0):
             attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(
                 drv.cuFuncSetAttribute(self.function, attr, int(shared_mem)),
