@@ -1813,12 +1813,18 @@ def _sdpa(L: Lowering, node: fx.Node) -> Val:
     causal = bool(_arg(node, 5, "is_causal", False))
     scale = _arg(node, 6, "scale")
     n = L.order[node]
-    L.fwd(f"S{n} = {q.py_shape}[:-1] + ({v.py_shape}[-1],)")
+    qs, ks, vs = q.py_shape, k.py_shape, v.py_shape
+    L.fwd(f"S{n} = _bshape({qs}[:-2], {ks}[:-2], {vs}[:-2]) + ({qs}[-2], {vs}[-1])")
     out = _shape(node)
     E = q.dims[-1]
     Skv = k.dims[-2]
     sc = lit(float(scale)) if scale is not None else f"(1.0f / {fn('sqrt', L.lang)}((float){E}))"
     f = lambda name: fn(name, L.lang)  # noqa: E731
+    if L.fuse and len(out) >= 2 and min(q.shape[-2], k.shape[-2], v.shape[-1]) >= 2:
+        # scores, softmax rows and P @ V through the tiled products (lower_attention)
+        from kfoundry.plugins.llms.offline.lower_attention import sdpa_by_matmuls
+
+        return sdpa_by_matmuls(L, node, q, k, v, causal, sc)
 
     def body(c: list[str]) -> str:
         batch, i, dv = c[:-2], c[-2], c[-1]

@@ -1,0 +1,93 @@
+"""Scaled dot-product attention through the matrix-product machinery of :class:`.lower.Lowering`.
+
+``softmax(Q K^T * scale [causal: -inf where j > i]) V`` as three kernels over a materialised score
+buffer (batch x L x S floats): the scores as a batched tiled product (K read along its rows, the
+layout of a linear layer's weight, so the register-blocked schedule loads it k-fast), the softmax a row
+kernel that applies the scale as it reads and, causal, skips the keys past the diagonal (a row with no
+finite score gives 0, as torch does), then the probabilities times V as a second batched product whose
+epilogue takes the attention node's elementwise chain; causal, a tile of query rows stops its keys at
+its last row's diagonal (half the work). The one-pass lowering (a work item per query row) stays in
+:func:`.lower_ops._sdpa` for the unfused schedule and degenerate shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch.fx as fx
+
+from kfoundry.plugins.llms.offline.elementwise_ops import fn
+from kfoundry.plugins.llms.offline.lower import Val, _shape
+from kfoundry.plugins.llms.offline.lower_ops import _bc_coords, chunked_sum, extreme_loop, row_loop
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+
+def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: bool, scale: str) -> Val:
+    """The attention ``node`` (operands ``q``, ``k``, ``v``; ``scale`` a C expression) as scores product,
+    softmax rows and probabilities-times-V product; the output's shape ``S{n}`` is set by the caller."""
+    n = L.order[node]
+    out = _shape(node)
+    batch = out[:-2]
+    nb = len(batch)
+    Lq, Skv, E, Dv = q.dims[-2], k.dims[-2], q.dims[-1], v.dims[-1]
+    at_q = lambda bc: _bc_coords(bc, batch, q.shape[:-2])  # noqa: E731
+    at_k = lambda bc: _bc_coords(bc, batch, k.shape[:-2])  # noqa: E731
+    at_v = lambda bc: _bc_coords(bc, batch, v.shape[:-2])  # noqa: E731
+
+    # scores[b, i, j] = sum_e q[b, i, e] * k[b, j, e] (unscaled: the softmax scales as it reads)
+    P = f"S{n}_qk"
+    L.fwd(f"{P} = S{n}[:-1] + ({k.py_shape}[-2],)")
+    sshape = (*batch, q.shape[-2], k.shape[-2])
+    scores = L.emit_tiled_mm(
+        sshape,
+        P,
+        L.shape_dims(P, sshape)[:nb],
+        (Lq, Skv, E),
+        (f"{P}[-1]", f"{P}[-2]", f"_prod({P}[:-2])"),
+        lambda bc, i, e: q.load([*at_q(bc), i, e]),
+        lambda bc, e, j: k.load([*at_k(bc), j, e]),
+        lambda bc, i, j: [*bc, i, j],
+        "lintile",  # B[j, k] layout: the register-blocked schedule loads K along its rows
+        None,
+    )
+
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+
+    def softmax(c: list[str], store: Callable[[list[str], str], str]) -> str:
+        # causal: the keys past the diagonal skipped (probability 0 whatever their score), as the
+        # one-pass lowering and torch's blocked kernels; a row with no finite score gives 0
+        i = c[-2]
+        x = lambda j: f"(({scores.load([*c[:-1], j])}) * {scale})"  # noqa: E731
+        end = f"(({i}) + 1 < {Skv} ? ({i}) + 1 : {Skv})" if causal else Skv
+        ln = L.lanes(k.shape[-2])
+        s = extreme_loop(L, "mx", end, x, ">", ln) + "\n        "
+        s += chunked_sum(L, "den", end, lambda j: f"{f('exp')}({x(j)} - mx)", lanes=ln)
+        w = L.fresh("r")
+        keep = f"{w} < {end} && mx != -INFINITY" if causal else "mx != -INFINITY"
+        val = f"(({keep}) ? {f('exp')}({x(w)} - mx) / den : 0.0f)"
+        return s + f"\n        {row_loop(w, Skv, ln)} {store([*c[:-1], w], val)}"
+
+    probs = L.emit_rows(sshape, P, [nb + 1], softmax, "sdpa_softmax", node=None)
+
+    # out[b, i, d] = sum_j probs[b, i, j] * v[b, j, d]; the node's epilogue chain applied on store
+    S = f"S{n}"
+    kv = Skv
+    if causal:  # a tile of query rows stops at its last row's diagonal (the probabilities past it are 0)
+        rows = "(16 * RB)" if L.coop else "TILE"
+        last = f"(KF_GRP(1) + 1) * {rows}"
+        kv = f"({last} < {Skv} ? {last} : (kf_long){Skv})"
+    return L.emit_tiled_mm(
+        out,
+        S,
+        L.shape_dims(S, out)[:nb],
+        (Lq, Dv, kv),
+        (f"{S}[-1]", f"{S}[-2]", f"_prod({S}[:-2])"),
+        lambda bc, i, j: probs.load([*bc, i, j]),
+        lambda bc, j, d: v.load([*at_v(bc), j, d]),
+        lambda bc, i, d: [*bc, i, d],
+        "sdpa_pv",
+        node,
+    )
