@@ -73,6 +73,12 @@ CASES = [
     ("causal_scale", "F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=1.7)", "B, H", {}),
     ("broadcast_heads", "F.scaled_dot_product_attention(q, k, v, is_causal=True)", "B, 1", {}),
     ("epilogue", "torch.relu(F.scaled_dot_product_attention(q, k, v) * 2.0 - 0.1)", "B, H", {}),
+    (
+        "causal_epilogue",
+        "torch.relu(F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2.0 - 0.1)",
+        "B, H",
+        {"LQ": 37, "LK": 40},
+    ),
     ("wide", "F.scaled_dot_product_attention(q, k, v)", "B, H", {"LQ": 37, "LK": 35, "E": 20, "DV": 19}),
 ]
 

@@ -6,7 +6,9 @@ layout of a linear layer's weight, so the register-blocked schedule loads it k-f
 kernel that applies the scale as it reads and, causal, skips the keys past the diagonal (a row with no
 finite score gives 0, as torch does), then the probabilities times V as a second batched product whose
 epilogue takes the attention node's elementwise chain; causal, a tile of query rows stops its keys at
-its last row's diagonal (half the work). The one-pass lowering (a work item per query row) stays in
+its last row's diagonal (half the work), and a last pass redoes any non-finite output over its row's own
+keys (a NaN value past the diagonal, times probability 0 inside the diagonal tile, must not reach it) and
+applies the node's epilogue chain. The one-pass lowering (a work item per query row) stays in
 :func:`.lower_ops._sdpa` for the unfused schedule and degenerate shapes.
 """
 
@@ -72,14 +74,15 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
 
     probs = L.emit_rows(sshape, P, [nb + 1], softmax, "sdpa_softmax", node=None)
 
-    # out[b, i, d] = sum_j probs[b, i, j] * v[b, j, d]; the node's epilogue chain applied on store
+    # out[b, i, d] = sum_j probs[b, i, j] * v[b, j, d]; the node's epilogue chain applied on store (causal:
+    # by the exact pass after it)
     S = f"S{n}"
     kv = Skv
     if causal:  # a tile of query rows stops at its last row's diagonal (the probabilities past it are 0)
         rows = "(16 * RB)" if L.coop else "TILE"
         last = f"(KF_GRP(1) + 1) * {rows}"
         kv = f"({last} < {Skv} ? {last} : (kf_long){Skv})"
-    return L.emit_tiled_mm(
+    pv = L.emit_tiled_mm(
         out,
         S,
         L.shape_dims(S, out)[:nb],
@@ -89,5 +92,21 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
         lambda bc, j, d: v.load([*at_v(bc), j, d]),
         lambda bc, i, d: [*bc, i, d],
         "sdpa_pv",
-        node,
+        None if causal else node,
     )
+    if not causal:
+        return pv
+
+    def exact(c: list[str]) -> str:
+        # a non-finite output: redone over the row's own keys only, so that a NaN or infinite value past
+        # the diagonal (times probability 0 in the tile) leaves it as torch leaves it
+        j = L.fresh("j")
+        end = f"(({c[-2]}) + 1 < {Skv} ? ({c[-2]}) + 1 : {Skv})"
+        term = f"({probs.load([*c[:-1], j])}) * ({v.load([*at_v(c[:-2]), j, c[-1]])})"
+        return (
+            f"float acc = {pv.load(c)};\n"
+            f"        if (acc - acc != 0.0f) {{ acc = 0.0f; "
+            f"for (kf_long {j} = 0; {j} < {end}; ++{j}) acc += {term}; }}"
+        )
+
+    return L.emit_pointwise(out, S, exact, "sdpa_exact", node=node)
