@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
-from kfoundry.plugins.llms.offline import lower_conv, lower_stats
+from kfoundry.plugins.llms.offline import lower_conv, lower_split, lower_stats
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
@@ -582,7 +582,9 @@ def reduce(
     kept = [k for k in range(nd) if k not in dims]
 
     def in_coords(c: list[str], r: str) -> list[str]:
-        rc = unflat(r, rdims)
+        return place(c, unflat(r, rdims))
+
+    def place(c: list[str], rc: list[str]) -> list[str]:
         oc = [c[k] for k in range(len(out)) if not (keep and k in dims)] if keep else c
         cs, ki, ri = [], 0, 0
         for k in range(nd):
@@ -605,6 +607,11 @@ def reduce(
             if blocked is not None:
                 return blocked
         count_py = " * ".join(f"{S}[{k}]" for k in dims) or "1"
+        if lower_split.can_split(op, p):  # work-groups of pieces, then a work-group per output
+            rshape = tuple(src.shape[k] for k in dims)
+            return lower_split.grid_reduce(
+                L, decl, src, op, p, tag, out, rdims, rshape, count_py, f"{S}[{dims[-1]}]", place, divide_by
+            )
         return _split_reduce(L, src, op, p, tag, out, count, count_py, in_coords, divide_by, decl)
 
     def body(c: list[str]) -> str:
@@ -674,7 +681,7 @@ def reduce(
 #: Long reductions with few outputs run in two kernels: partial results per SPLIT_PART terms, then their
 #: combination (every output gets many work items; the partials are a pairwise level of the sum).
 SPLIT_MIN = 8192
-SPLIT_MAX_OUT = 4096
+SPLIT_MAX_OUT = 16384
 SPLIT_PART = 1024
 
 

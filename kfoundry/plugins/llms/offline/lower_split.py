@@ -1,0 +1,156 @@
+"""Long reductions with few outputs of a *loader* (a fused expression such as a loss's per-element
+term, not a plain buffer) split across the grid in two kernels.
+
+Stage 1: for each output, ``G`` work-groups each fold a contiguous piece of the reduction's terms
+(every work item a BLOCK-strided share, then a local-memory tree) into a partial in a scratch buffer;
+``G`` is chosen in ``forward`` from the sizes so that the grid has thousands of work-groups. Where the
+innermost reduced dim is long, a piece is a run of whole rows of it: the outer reduced coordinates are
+decomposed once per row and the innermost one is the loop counter (no division per element).
+Stage 2: a work-group per output folds its ``G`` partials in a fixed order (deterministic, no atomics)
+and applies the epilogue (mean's division, the L2 norm's root, a loss's scale, fused elementwise ops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch.fx as fx
+
+from kfoundry.plugins.llms.offline.elementwise_ops import fn
+from kfoundry.plugins.llms.offline.lower import Val, decompose
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+#: At least this many terms per piece; at most about TARGET_GROUPS work-groups in stage 1.
+MIN_PIECE = 4096
+TARGET_GROUPS = 8192
+#: Row mode (innermost reduced dim the loop counter) where that dim has at least this many terms.
+ROW_MIN = 256
+
+_COMBINE = {
+    "add": ("0.0f", "{a} += {b};"),
+    "max": ("-INFINITY", "{a} = ({b} > {a} || {b} != {b}) ? {b} : {a};"),
+    "min": ("INFINITY", "{a} = ({b} < {a} || {b} != {b}) ? {b} : {a};"),
+}
+
+SPLIT_OPS = ("sum", "mean", "max", "min")
+
+
+def can_split(op: str, p: float) -> bool:
+    """Whether :func:`grid_reduce` handles ``op`` (prod, arg-extremes, var, lse are left to the caller)."""
+    return op in SPLIT_OPS or (op == "norm" and p in (1.0, 2.0))
+
+
+def pieces(outs: int, count: int, row: int) -> tuple[int, int]:
+    """(pieces per output, rows per piece) of a reduction of ``count`` terms per output for ``outs``
+    outputs, a row being ``row`` consecutive terms (1 in flat mode). Mirrors the ``forward`` formula."""
+    rows = max(1, count // max(row, 1))
+    g = max(1, min(-(-count // MIN_PIECE), -(-TARGET_GROUPS // max(outs, 1))))
+    rp = -(-rows // g)
+    return -(-rows // rp), rp
+
+
+def grid_reduce(
+    L: Lowering,
+    node: fx.Node | None,
+    src: Val,
+    op: str,
+    p: float,
+    tag: str,
+    out: tuple[int, ...],
+    rdims: list[str],
+    rshape: tuple[int, ...],
+    count_py: str,
+    row_py: str,
+    in_coords: Callable[[list[str], list[str]], list[str]],
+    divide_by: str,
+) -> Val:
+    """``op`` of ``src`` over the reduced coordinates (C sizes ``rdims``, traced ``rshape``) for each output
+    of ``out`` (the Python shape ``S{tag}``); ``in_coords(out_coords, red_coords)`` places a term."""
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    kind = op if op in ("max", "min") else "add"
+    init, comb = _COMBINE[kind]
+    term = {"norm": (lambda v: f"({v}) * ({v})") if p == 2.0 else (lambda v: f"{f('fabs')}({v})")}.get(
+        op, lambda v: v
+    )
+    row_mode = len(rshape) >= 1 and rshape[-1] >= ROW_MIN
+    rowlen_py = row_py if row_mode else "1"
+    # W: outputs, terms per output, rows per output, pieces per output, rows per piece
+    L.fwd(f"W{tag}r = (_prod(S{tag}), {count_py}, max(1, ({count_py}) // max(1, {rowlen_py})))")
+    L.fwd(
+        f"W{tag}g = max(1, min(_cdiv(W{tag}r[1], {MIN_PIECE}), _cdiv({TARGET_GROUPS}, max(1, W{tag}r[0]))))"
+    )
+    L.fwd(
+        f"W{tag} = (W{tag}r[0], W{tag}r[1], W{tag}r[2], _cdiv(W{tag}r[2], _cdiv(W{tag}r[2], W{tag}g)), "
+        f"_cdiv(W{tag}r[2], W{tag}g))"
+    )
+    outs, cnt, nrows, G, rp = (L.sym(f"W{tag}[{k}]") for k in range(5))
+    odims = L.shape_dims(f"S{tag}", out)
+    ocs = [f"o{k}" for k in range(len(out))]
+    odecomp = decompose("oi", odims, ocs, outs) if out else ""
+    tree = f"""    kf_r[t] = s;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+        if (t < o) {{ {comb.format(a="kf_r[t]", b="kf_r[t + o]")} }}
+        KF_BARRIER;
+    }}"""
+    if row_mode:
+        outer = rdims[:-1]
+        rcs = [f"rc{k}" for k in range(len(outer))]
+        rdecomp = decompose("rr", outer, rcs, nrows) if outer else ""
+        x = src.load(in_coords(ocs, [*rcs, "j"]))
+        loop = f"""    const kf_long r0 = piece * (kf_long){rp};
+    const kf_long r1 = r0 + (kf_long){rp} < (kf_long){nrows} ? r0 + (kf_long){rp} : (kf_long){nrows};
+    for (kf_long rr = r0; rr < r1; ++rr) {{
+{rdecomp}        #pragma unroll 4
+        for (kf_long j = t; j < (kf_long){rdims[-1]}; j += BLOCK) {{ const float v = {x}; {comb.format(a="s", b=f"({term('v')})")} }}
+    }}"""
+    else:
+        rcs = [f"rc{k}" for k in range(len(rdims))]
+        rdecomp = decompose("q", rdims, rcs, cnt) if rdims else ""
+        x = src.load(in_coords(ocs, rcs))
+        loop = f"""    const kf_long q0 = piece * (kf_long){rp};
+    const kf_long q1 = q0 + (kf_long){rp} < (kf_long){cnt} ? q0 + (kf_long){rp} : (kf_long){cnt};
+    for (kf_long q = q0 + t; q < q1; q += BLOCK) {{
+{rdecomp}        const float v = {x}; {comb.format(a="s", b=f"({term('v')})")}
+    }}"""
+    text = f"""    KF_LOCAL float kf_r[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long blk = KF_GRP(0), oi = blk / (kf_long){G}, piece = blk - oi * (kf_long){G};
+{odecomp}    float s = {init};
+{loop}
+{tree}
+    if (t == 0) y[blk] = kf_r[0];"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(max(1, W{tag}[0] * W{tag}[3]), dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, W{tag}[0] * W{tag}[3]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    parts = L.ptr(L.kernel(text, "float", "", f"{op}gpart", launch_dims=launch))
+    L.fwd(L.sched.kernels[-1].launch)
+    coords = [f"c{k}" for k in range(len(out))]
+    store, ctype, _ = L.epilogue(node, out, coords, "float")
+    decomp = decompose("row", odims, coords, outs) if out else ""
+    fin = ""
+    if op == "mean":
+        fin += f" acc = acc / (float)({cnt});"
+    if op == "norm" and p == 2.0:
+        fin += f" acc = {f('sqrt')}(acc);"
+    if divide_by:
+        fin += f" acc = acc / (float)({divide_by});"
+    text = f"""    KF_LOCAL float kf_r[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long row = KF_GRP(0);
+    float s = {init};
+    for (kf_long i = t; i < {G}; i += BLOCK) {{ const float v = {parts}[row * {G} + i]; {comb.format(a="s", b="v")} }}
+{tree}
+    if (t == 0) {{
+{decomp}        float acc = kf_r[0];{fin}
+        y[row] = {store};
+    }}"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(S{tag}, dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, W{tag}[0]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, ctype, "", op, launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, out, f"S{tag}", ctype)
