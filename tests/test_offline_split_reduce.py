@@ -79,3 +79,25 @@ def test_pieces_fill_the_grid_at_real_sizes() -> None:
 def test_real_sizes_take_the_split(key: str) -> None:
     _, recipe = _recipe(key, None, "graph/fused_coop")
     assert "gpart(" in recipe.kernel
+
+
+@pytest.mark.parametrize("name", ["graph/fused", "graph/fused_coop", "graph/unfused"])
+def test_one_pass_logsumexp_matches_torch_with_infinities(name: str) -> None:
+    problem, recipe = _recipe("level1/logsumexp_dim.py", {"batch_size": 7, "dim": 300}, name)
+    assert "mx = v;" in recipe.kernel  # the running max of the one-pass form
+    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    torch.manual_seed(0)
+    x = 30.0 * torch.randn(7, 300)
+    x[1] = -float("inf")  # every term -inf: -inf
+    x[2, 5] = float("inf")  # one +inf: +inf
+    x[3, 299] = float("nan")  # NaN anywhere: NaN
+    x[4, ::3] = -float("inf")  # some -inf terms add nothing
+    x[5] = torch.arange(300.0)  # the max grows at every term
+    with torch.no_grad():
+        expected = torch.logsumexp(x.double(), dim=1)
+        got = model(x)
+        synchronize()
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, equal_nan=True)

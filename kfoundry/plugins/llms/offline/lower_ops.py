@@ -645,9 +645,8 @@ def reduce(
                 + f"\n        acc = {f('pow')}(acc, {lit(1.0 / p)});"
             )
         if op == "lse":
-            s = extreme_loop(L, "mx", count, x, ">", ln) + "\n        "
-            s += chunked_sum(L, "acc", count, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
-            return s + f"\n        acc = (mx == INFINITY || mx == -INFINITY) ? mx : mx + {f('log')}(acc);"
+            q = L.fresh("q")
+            return lower_split.online_lse(row_loop(q, count, ln), x, q, ln, f("exp"), f("log"))
         if op == "prod":
             q = L.fresh("q")
             if ln:

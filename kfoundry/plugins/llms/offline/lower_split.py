@@ -154,3 +154,23 @@ def grid_reduce(
     name = L.kernel(text, ctype, "", op, launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)
     return L.buffer_val(name, out, f"S{tag}", ctype)
+
+
+def online_lse(head: str, x: Callable[[str], str], var: str, lanes: bool, exp: str, log: str) -> str:
+    """``float acc`` = logsumexp of ``x(var)`` over the loop ``head`` in ONE read: a running max ``mx`` and
+    a sum rescaled when the max grows (NaN propagates, -inf terms add nothing, an infinite max is the
+    result); with ``lanes`` the lanes' (max, sum) pairs merge across the warp."""
+    step = (
+        f"{{ const float v = {x(var)}; if (v > mx || v != v) {{ acc = (v != v) ? v : acc * {exp}(mx - v) + 1.0f; "
+        f"mx = v; }} else if (v != -INFINITY) acc += {exp}(v - mx); }}"
+    )
+    merge = (
+        " { const float mw = kf_wmax(mx); acc = mx == -INFINITY ? 0.0f : (mx == mw ? acc : acc * "
+        f"{exp}(mx - mw)); acc = kf_wsum(acc); mx = mw; }}"
+        if lanes
+        else ""
+    )
+    return (
+        f"float mx = -INFINITY, acc = 0.0f; {head} {step}{merge}\n"
+        f"        acc = (mx == INFINITY || mx == -INFINITY) ? mx : mx + {log}(acc);"
+    )
