@@ -101,3 +101,19 @@ def test_one_pass_logsumexp_matches_torch_with_infinities(name: str) -> None:
         synchronize()
     assert got.shape == expected.shape
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["graph/fused", "graph/fused_coop", "graph/unfused"])
+def test_cosine_rows_read_each_input_once(name: str) -> None:
+    problem, recipe = _recipe("level1/cosine_similarity_loss.py", {"batch_size": 9, "dim": 1000}, name)
+    assert "na_p += va * va" in recipe.kernel  # the three sums in one loop
+    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    torch.manual_seed(0)
+    xs = [torch.randn(9, 1000), torch.randn(9, 1000)]
+    with torch.no_grad():
+        expected = problem.make_reference().double()(*[x.double() for x in xs])
+        got = model(*xs)
+        synchronize()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)

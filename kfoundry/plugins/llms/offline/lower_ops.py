@@ -1797,9 +1797,10 @@ def _cosine(L: Lowering, node: fx.Node) -> Val:
         al = lambda q: L.broadcast_load(a, at(q), full)  # noqa: E731
         bl = lambda q: L.broadcast_load(b, at(q), full)  # noqa: E731
         ln = L.lanes(full[d])
-        s = chunked_sum(L, "dot", fd[d], lambda q: f"({al(q)}) * ({bl(q)})", lanes=ln) + "\n        "
-        s += chunked_sum(L, "na", fd[d], lambda q: f"({al(q)}) * ({al(q)})", lanes=ln) + "\n        "
-        s += chunked_sum(L, "nb", fd[d], lambda q: f"({bl(q)}) * ({bl(q)})", lanes=ln) + "\n        "
+        q = L.fresh("q")  # one loop: a and b read once for the three sums
+        pre = f"const float va = {al(q)}, vb = {bl(q)};"
+        sums = [("dot", "va * vb"), ("na", "va * va"), ("nb", "vb * vb")]
+        s = lower_split.fused_sums(q, fd[d], pre, sums, ln, CHUNK, UNROLL4) + "\n        "
         e = lit(eps)
         return s + (
             f"float acc = dot / ({f('fmax')}({f('sqrt')}(na), {e}) * {f('fmax')}({f('sqrt')}(nb), {e}));"

@@ -174,3 +174,26 @@ def online_lse(head: str, x: Callable[[str], str], var: str, lanes: bool, exp: s
         f"float mx = -INFINITY, acc = 0.0f; {head} {step}{merge}\n"
         f"        acc = (mx == INFINITY || mx == -INFINITY) ? mx : mx + {log}(acc);"
     )
+
+
+def fused_sums(
+    q: str, count: str, pre: str, sums: list[tuple[str, str]], lanes: bool, chunk: int, unroll: str
+) -> str:
+    """``float`` accumulators ``name`` = the sums of ``term`` over ``q`` < count for each (name, term) of
+    ``sums`` in ONE loop (``pre`` declares the values the terms share: each input read once), one partial
+    per ``chunk`` terms (per lane with ``lanes``, the warp's totals in every lane)."""
+    span = 32 * chunk if lanes else chunk
+    start, step = (f"{q}0 + kf_lane", "32") if lanes else (f"{q}0", "1")
+    decl = " ".join(f"float {a} = 0.0f;" for a, _ in sums)
+    parts = " ".join(f"float {a}_p = 0.0f;" for a, _ in sums)
+    adds = " ".join(f"{a}_p += {t};" for a, t in sums)
+    fold = " ".join(f"{a} += {a}_p;" for a, _ in sums)
+    warp = " ".join(f"{a} = kf_wsum({a});" for a, _ in sums) if lanes else ""
+    return (
+        f"{decl}\n"
+        f"        for (kf_long {q}0 = 0; {q}0 < (kf_long)({count}); {q}0 += {span}) {{\n"
+        f"            {parts}\n"
+        f"            const kf_long {q}_end = {q}0 + {span} < (kf_long)({count}) ? {q}0 + {span} : (kf_long)({count});\n"
+        f"            {unroll} for (kf_long {q} = {start}; {q} < {q}_end; {q} += {step}) {{ {pre} {adds} }}\n"
+        f"            {fold}\n        }}\n        {warp}"
+    )
