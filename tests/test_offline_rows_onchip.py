@@ -31,6 +31,9 @@ from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_rows_onchip as onchip
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 
+#: slow tier (its CPU emulator's first g++ build takes ~45 s): the default run stays well under 20 minutes on 2 cores
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
 EMU_H = r"""// CPU emulation, blocks concurrent (at most emu_resident at once, started in grid order)

@@ -29,6 +29,9 @@ from kfoundry.plugins.llms.offline import lower as lowering
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.recipe import Recipe
 
+#: slow tier (about 2 minutes of PoCL evaluations): the default run stays well under 20 minutes on 2 cores
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
 
