@@ -166,15 +166,23 @@ class Setup:
 
 
 def _pick(
-    recipes: list[Any], outcome: Outcome | None, row: dict[str, Any], top: int, naive: bool = True
+    recipes: list[Any],
+    outcome: Outcome | None,
+    row: dict[str, Any],
+    top: int,
+    naive: bool = True,
+    slow_s: float = math.inf,
 ) -> list[Any]:
     """The recipes to time, highest rank first: those the warm-up found correct (every one where it did
-    not look), the top ``top`` and the naive one if ``top``; the rest go into the row's notes."""
+    not look), the top ``top`` and the naive one if ``top``; the rest go into the row's notes. A correct
+    recipe whose one warm-up run (build included) took over ``slow_s`` is not timed (``slow`` note)."""
     verdicts = outcome.verdicts if outcome else {}
     keep = []
     for recipe in sorted(recipes, key=lambda r: -r.rank):
         v = verdicts.get(recipe.name)
-        if v is None or v["status"] in ("correct", "unchecked"):
+        if v is not None and v["status"] == "correct" and v.get("s", 0.0) > slow_s:
+            row.setdefault("slow", []).append(f"{recipe.name} ({v['s']:.0f} s in the warm-up)")
+        elif v is None or v["status"] in ("correct", "unchecked"):
             keep.append(recipe)
         elif v["status"] == "wrong":
             row.setdefault("wrong", []).append(f"{recipe.name} (max error {v.get('err', -1):.3g})")
@@ -207,7 +215,7 @@ def _measure(
     pressed = s.left_s / max(1, s.left_rows) < args.press_s  # behind: the top recipe only, for every row
     if pressed:
         row["pressed"] = True
-    todo = _pick(recipes, outcome, row, 1 if pressed else args.top, naive=not pressed)
+    todo = _pick(recipes, outcome, row, 1 if pressed else args.top, not pressed, args.slow_s)
     compiled_ms = math.nan
     warm_compile = outcome.verdicts.get(COMPILE) if outcome else None
     if warm_compile is not None and warm_compile["status"] == "wrong":  # timed all the same: the baseline
@@ -306,6 +314,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="events: CUDA events around each call; judge: the backend's device timer (spin + L2 flush first)",
     )
     ap.add_argument("--problem-s", type=float, default=30.0, help="per problem: later recipes are cut")
+    ap.add_argument(
+        "--slow-s", type=float, default=30.0, help="a recipe whose warm-up run took longer is not timed"
+    )
     ap.add_argument("--deadline-s", type=float, default=math.inf, help="whole run: later problems are cut")
     ap.add_argument("--warm-s", type=float, default=240.0, help="the warm-up's own deadline")
     ap.add_argument(
@@ -492,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             setup.left_rows = sum(
                 1 for k, _, r, e in todo[index:] if r is not None and e is None and k not in done
             )
+            print(f"# {time.strftime('%H:%M:%S')} timing {key}", file=sys.stderr, flush=True)
             try:
                 if outcome is not None and outcome.fatal:
                     row = {"problem": key, "recognised": True, "error": f"warm-up: {outcome.error}"}

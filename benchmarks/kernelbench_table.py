@@ -18,7 +18,7 @@ MEM_BAR = 0.9
 
 def notes(row: dict[str, Any]) -> str:
     """The recipes that were wrong, failed or not measured, for the recipe column."""
-    parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed", "cut") if row.get(k)]
+    parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed", "cut", "slow") if row.get(k)]
     if row.get("pressed"):
         parts.append("pressed for time: the top-ranked correct recipe only")
     elif row.get("untimed"):

@@ -3,8 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 8192
-classes = 96
+batch_size = 32768
+classes = 8192
 
 
 class Model(nn.Module):

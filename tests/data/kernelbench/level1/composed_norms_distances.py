@@ -3,8 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 2048
-features = 512
+batch_size = 65536
+features = 4096
 
 
 class Model(nn.Module):

@@ -4,8 +4,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 batch_size = 128
-channels = 64
-length = 2000
+channels = 128
+length = 16384
 
 
 class Model(nn.Module):

@@ -3,8 +3,8 @@ import torch
 import torch.nn as nn
 from torch.distributions import Normal, Pareto
 
-batch_size = 16384
-features = 4096
+batch_size = 32768
+features = 32768
 
 
 class Model(nn.Module):

@@ -2,8 +2,8 @@
 import torch
 import torch.nn as nn
 
-batch_size = 512
-length = 8191
+batch_size = 32768
+length = 32767
 scan_dim = 1
 
 

@@ -2,9 +2,9 @@
 import torch
 import torch.nn as nn
 
-batch_size = 512
-dim1 = 48
-dim2 = 130
+batch_size = 4096
+dim1 = 384
+dim2 = 1024
 
 
 class Model(nn.Module):

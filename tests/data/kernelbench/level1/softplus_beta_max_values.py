@@ -3,8 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-batch_size = 2048
-dim = 3000
+batch_size = 4096
+dim = 393216
 
 
 class Model(nn.Module):

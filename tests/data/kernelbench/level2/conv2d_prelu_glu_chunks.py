@@ -2,11 +2,11 @@
 import torch
 import torch.nn as nn
 
-batch_size = 32
-in_channels = 5
-out_channels = 16
-height = 40
-width = 36
+batch_size = 128
+in_channels = 16
+out_channels = 64
+height = 256
+width = 256
 
 
 class Model(nn.Module):

@@ -2,11 +2,11 @@
 import torch
 import torch.nn as nn
 
-batch_size = 64
-in_channels = 6
-out_channels = 24
-height = 96
-width = 80
+batch_size = 128
+in_channels = 16
+out_channels = 64
+height = 256
+width = 256
 kernel_size = 3
 ceiling = 0.75
 floor_value = -0.25

@@ -2,9 +2,9 @@
 import torch
 import torch.nn as nn
 
-batch_size = 256
-in_features = 1024
-out_features = 768
+batch_size = 8192
+in_features = 4096
+out_features = 4096
 scale = 0.5
 shift = -0.25
 floor_value = -1.5
