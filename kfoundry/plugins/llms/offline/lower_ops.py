@@ -951,9 +951,21 @@ def _norm_rows(
     tag: str,
     mean_var: tuple[str, str] | None = None,
     epilogue: bool = True,
+    aff: tuple[Callable[[str], str], str | None] | None = None,
 ) -> Val:
     """Normalise ``src`` over ``row_dims`` (two passes: mean, then variance of the deviations);
-    ``chan(coords)`` indexes the affine parameters."""
+    ``chan(coords)`` indexes the affine parameters, ``aff`` the same for :func:`lower_stats.normalise`
+    (the affine index of a row's first element, and the positions per parameter step)."""
+    if (
+        aff is not None
+        and mean_var is None
+        and math.prod(src.shape[k] for k in row_dims) >= SPLIT_MIN
+        and not (epilogue and L.epilogue_chain(node))
+    ):
+        # long rows made of runs: split statistics, then a pass over the same pieces
+        out = lower_stats.normalise(L, node, src, row_dims, eps, weight, bias, aff, tag)
+        if out is not None:
+            return out
     n = L.order[node]
     L.fwd(f"S{n} = {src.py_shape}")
     f = lambda name: fn(name, L.lang)  # noqa: E731
@@ -1035,7 +1047,9 @@ def _batch_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     chan = lambda c: c[1]  # noqa: E731
     if isinstance(mod, nn.modules.batchnorm._BatchNorm):
         if mod.training or mod.running_mean is None:
-            return _norm_rows(L, node, src, [0, *range(2, nd)], mod.eps, w, b, chan, "batchnorm")
+            return _norm_rows(
+                L, node, src, [0, *range(2, nd)], mod.eps, w, b, chan, "batchnorm", aff=(lambda r: r, None)
+            )
         rm, rv = L.ptr(f"{path}.running_mean"), L.ptr(f"{path}.running_var")
         return _norm_rows(
             L,
@@ -1052,7 +1066,8 @@ def _batch_norm(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     if isinstance(mod, nn.modules.instancenorm._InstanceNorm):
         if mod.track_running_stats and not mod.training:
             raise _unsupported("instance norm with running statistics")
-        return _norm_rows(L, node, src, list(range(2, nd)), mod.eps, w, b, chan, "instancenorm")
+        inst = (lambda r: f"(({r}) % {src.dims[1]})", None)
+        return _norm_rows(L, node, src, list(range(2, nd)), mod.eps, w, b, chan, "instancenorm", aff=inst)
     raise _unsupported(type(mod).__name__)
 
 
@@ -1085,7 +1100,8 @@ def _instance_norm_fn(L: Lowering, node: fx.Node) -> Val:
     w, b = _param_ptr(L, _arg(node, 3, "weight")), _param_ptr(L, _arg(node, 4, "bias"))
     chan = lambda c: c[1]  # noqa: E731
     eps = float(_arg(node, 7, "eps", 1e-5))
-    return _norm_rows(L, node, src, list(range(2, len(src.shape))), eps, w, b, chan, "instancenorm")
+    inst = (lambda r: f"(({r}) % {src.dims[1]})", None)
+    return _norm_rows(L, node, src, list(range(2, len(src.shape))), eps, w, b, chan, "instancenorm", aff=inst)
 
 
 def _layer_norm_fn(L: Lowering, node: fx.Node) -> Val:
@@ -1096,7 +1112,8 @@ def _layer_norm_fn(L: Lowering, node: fx.Node) -> Val:
     w, b = _param_ptr(L, _arg(node, 2, "weight")), _param_ptr(L, _arg(node, 3, "bias"))
     rd = list(range(nd - k, nd))
     chan = lambda c: horner([c[i] for i in rd], [src.dims[i] for i in rd])  # noqa: E731
-    return _norm_rows(L, node, src, rd, float(_arg(node, 4, "eps", 1e-5)), w, b, chan, "layernorm")
+    eps = float(_arg(node, 4, "eps", 1e-5))
+    return _norm_rows(L, node, src, rd, eps, w, b, chan, "layernorm", aff=(lambda r: "0", "1"))
 
 
 def _group_norm_rows(
@@ -1123,7 +1140,8 @@ def _group_norm_rows(
     chan = lambda c: f"(({c[1]}) * {cpg} + (kf_long)((unsigned)({c[2]}) / ({spatial})))"  # noqa: E731
     del nd
     # the rows kernel writes the (N, G, rest) view; its buffer's flat order is the input's
-    v = _norm_rows(L, node, view, [2], eps, w, b, chan, "groupnorm", epilogue=False)
+    aff = (lambda r: f"((({r}) % {G}) * {cpg})", spatial)
+    v = _norm_rows(L, node, view, [2], eps, w, b, chan, "groupnorm", epilogue=False, aff=aff)
     L.fwd(f"S{n} = {S}")
     return L.buffer_val(str(v.buffer), src.shape, f"S{n}")
 
@@ -1137,7 +1155,7 @@ def _layer_norm_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Va
     b = L.ptr(f"{path}.bias") if mod.elementwise_affine and mod.bias is not None else None
     rd = list(range(nd - k, nd))
     chan = lambda c: horner([c[i] for i in rd], [src.dims[i] for i in rd])  # noqa: E731
-    return _norm_rows(L, node, src, rd, mod.eps, w, b, chan, "layernorm")
+    return _norm_rows(L, node, src, rd, mod.eps, w, b, chan, "layernorm", aff=(lambda r: "0", "1"))
 
 
 # -- matmul family -------------------------------------------------------------------------------

@@ -12,11 +12,12 @@ statistics, instead of two passes with a division per element.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from kfoundry.plugins.llms.offline.elementwise_ops import fn
+from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import Val, decompose, horner
 
 if TYPE_CHECKING:
@@ -37,9 +38,12 @@ def _layout(nd: int, row_dims: list[int]) -> tuple[int, bool] | None:
     return s, head == {0}
 
 
-def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tuple[Val, Val] | None:
-    """(mean, biased variance) of ``src`` over ``row_dims``, each of the kept shape (ones at the row
-    dims), or None where ``src`` is not a buffer or its rows are not runs (the caller's path then)."""
+def _stats_kernels(
+    L: Lowering, node: fx.Node, src: Val, row_dims: list[int]
+) -> tuple[str, dict[str, str]] | None:
+    """The split statistics of ``src``'s rows: a kernel whose work-groups reduce pieces into (mean,
+    M2) partials, then a work-group per row merging them (Chan) into (mean, M2 / count). Returns the
+    buffer of (mean, variance) pairs per row and the layout's C names, or None (not a buffer of runs)."""
     nd = len(src.shape)
     lay = _layout(nd, row_dims)
     if not L.fuse or src.buffer is None or lay is None:
@@ -49,25 +53,33 @@ def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tupl
     S = src.py_shape
     outer_py = f"{S}[0]" if batch else "1"
     mid_py = f"_prod({S}[1:{s}])" if batch else f"_prod({S}[:{s}])"
-    L.fwd(f"Q{n} = ({outer_py}, {mid_py}, _prod({S}[{s}:]), {outer_py} * _cdiv(_prod({S}[{s}:]), {PIECE}))")
-    outer, mid, inner, pp = (L.sym(f"Q{n}[{k}]") for k in range(4))
+    L.fwd(
+        f"Q{n} = ({outer_py}, {mid_py}, _prod({S}[{s}:]), {outer_py} * _cdiv(_prod({S}[{s}:]), {PIECE}), "
+        f"int(_prod({S}[{s}:]) % 4 == 0 and {src.buffer}.data_ptr() % 16 == 0))"
+    )
+    outer, mid, inner, pp, vec = (L.sym(f"Q{n}[{k}]") for k in range(5))
     xp = L.ptr(src.buffer)
     if L.lang == "opencl":
         v4 = "const float4 v = vload4(i, p);"
     else:
         v4 = "const float4 v = reinterpret_cast<const float4*>(p)[i];"
-    text = f"""    KF_LOCAL float kf_r1[BLOCK];
-    KF_LOCAL float kf_r2[BLOCK];
-    const int t = KF_LID(0);
-    const kf_long blk = KF_GRP(0), row = blk / {pp}, piece = blk - row * {pp};
+    where = f"""    const kf_long row = blk / {pp}, piece = blk - row * {pp};
     const kf_long per = ((kf_long){inner} + {PIECE - 1}) / {PIECE};
     const kf_long b = piece / per, c0 = (piece - b * per) * {PIECE};
     const kf_long left = (kf_long){inner} - c0;
     const int len = (int)(left < {PIECE} ? left : {PIECE});
-    const float shift = {xp}[row * {inner}];
-    KF_G const float* p = {xp} + (b * {mid} + row) * {inner} + c0;
+    const kf_long base = (b * {mid} + row) * {inner} + c0;"""
+    # a piece's sums are shifted by its first element (no cancellation when the mean is far from zero,
+    # the spread within a piece being what is summed), then turned into its (mean, M2)
+    text = f"""    KF_LOCAL float kf_r1[BLOCK];
+    KF_LOCAL float kf_r2[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long blk = KF_GRP(0);
+{where}
+    KF_G const float* p = {xp} + base;
+    const float shift = p[0];
     float s1 = 0.0f, s2 = 0.0f;
-    if (({inner} & 3) == 0) {{
+    if ({vec}) {{
         #pragma unroll 4
         for (int i = t; i < len / 4; i += BLOCK) {{  // a piece is 4 float4 per thread at BLOCK 256: in flight together
             {v4}
@@ -85,37 +97,164 @@ def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tupl
         if (t < o) {{ kf_r1[t] += kf_r1[t + o]; kf_r2[t] += kf_r2[t + o]; }}
         KF_BARRIER;
     }}
-    if (t == 0) {{ y[2 * blk] = kf_r1[0]; y[2 * blk + 1] = kf_r2[0]; }}"""
+    if (t == 0) {{
+        const float a = kf_r1[0], m2 = kf_r2[0] - a * (a / (float)len);
+        y[2 * blk] = shift + a / (float)len;
+        y[2 * blk + 1] = m2 > 0.0f ? m2 : 0.0f;
+    }}"""
     idx = L.nk
     L.fwd(f"b{idx} = torch.empty(2 * Q{n}[1] * Q{n}[3], dtype=torch.float32, device=dev)")
     launch = f"grid=(max(1, Q{n}[1] * Q{n}[3]), 1, 1), block=(p['BLOCK'], 1, 1)"
     parts = L.ptr(L.kernel(text, "float", "", "stats", launch_dims=launch))
     L.fwd(L.sched.kernels[-1].launch)
+    # a work-group per row merges its pieces' (count, mean, M2) in a fixed order (Chan et al.)
+    merge = (
+        "if ({nb} > 0.0f) {{ const float kf_nn = {na} + {nb}, kf_d = {mb} - {ma}; "
+        "{ma} += kf_d * ({nb} / kf_nn); {qa} += {qb} + kf_d * kf_d * ({na} * ({nb} / kf_nn)); {na} = kf_nn; }}"
+    )
+    text = f"""    KF_LOCAL float kf_n[BLOCK];
+    KF_LOCAL float kf_m[BLOCK];
+    KF_LOCAL float kf_q[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long row = KF_GRP(0);
+    const kf_long per = ((kf_long){inner} + {PIECE - 1}) / {PIECE};
+    float na = 0.0f, ma = 0.0f, qa = 0.0f;
+    for (kf_long i = t; i < {pp}; i += BLOCK) {{
+        const kf_long c0 = (i - (i / per) * per) * {PIECE}, left = (kf_long){inner} - c0;
+        const float nb = (float)(left < {PIECE} ? left : {PIECE});
+        const float mb = {parts}[2 * (row * {pp} + i)], qb = {parts}[2 * (row * {pp} + i) + 1];
+        {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
+    }}
+    kf_n[t] = na;
+    kf_m[t] = ma;
+    kf_q[t] = qa;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+        if (t < o) {{
+            float nx = kf_n[t], mx = kf_m[t], qx = kf_q[t];
+            const float ny = kf_n[t + o], my = kf_m[t + o], qy = kf_q[t + o];
+            {merge.format(na="nx", nb="ny", ma="mx", mb="my", qa="qx", qb="qy")}
+            kf_n[t] = nx; kf_m[t] = mx; kf_q[t] = qx;
+        }}
+        KF_BARRIER;
+    }}
+    if (t == 0) {{ const float v = kf_q[0] / kf_n[0]; y[2 * row] = kf_m[0]; y[2 * row + 1] = v > 0.0f ? v : 0.0f; }}"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(2 * Q{n}[1], dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, Q{n}[1]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    st = L.ptr(L.kernel(text, "float", "", "fold", launch_dims=launch))
+    L.fwd(L.sched.kernels[-1].launch)
     del outer
+    return st, {
+        "mid": mid,
+        "inner": inner,
+        "pp": pp,
+        "vec": vec,
+        "where": where,
+        "n": str(n),
+        "first": "1" if batch else "0",
+        "s": str(s),
+    }
+
+
+def row_stats(L: Lowering, node: fx.Node, src: Val, row_dims: list[int]) -> tuple[Val, Val] | None:
+    """(mean, biased variance) of ``src`` over ``row_dims``, each of the kept shape (ones at the row
+    dims), or None where ``src`` is not a buffer or its rows are not runs (the caller's path then)."""
+    got = _stats_kernels(L, node, src, row_dims)
+    if got is None:
+        return None
+    st, lay = got
+    S = src.py_shape
+    n, first, s = lay["n"], int(lay["first"]), int(lay["s"])
     kept = tuple(1 if k in row_dims else v for k, v in enumerate(src.shape))
     L.fwd(f"S{n}st = tuple(1 if k in {tuple(row_dims)!r} else v for k, v in enumerate({S}))")
-    first = 1 if batch else 0
-    count = f"((float){inner} * (float)Q_OUTER)"
 
-    def fold(c: list[str], what: str) -> str:
+    def pick(c: list[str], k: int) -> str:
         row = horner(c[first:s], src.dims[first:s]) if s > first else "0"
-        q = L.fresh("q")
-        return (
-            f"const kf_long row = {row};\n        float s1 = 0.0f, s2 = 0.0f;\n"
-            f"        for (kf_long {q} = 0; {q} < {pp}; ++{q}) {{ s1 += {parts}[2 * (row * {pp} + {q})]; "
-            f"s2 += {parts}[2 * (row * {pp} + {q}) + 1]; }}\n"
-            f"        const float cnt = {count.replace('Q_OUTER', L.sym(f'Q{n}[0]'))};\n"
-            f"        const float m1 = s1 / cnt;\n"
-            + (
-                f"        float acc = {xp}[row * {inner}] + m1;"
-                if what == "mean"
-                else "        float acc = s2 / cnt - m1 * m1; acc = acc > 0.0f ? acc : 0.0f;"
-            )
-        )
+        return f"float acc = {st}[2 * ({row}) + {k}];"
 
-    mu = L.emit_pointwise(kept, f"S{n}st", lambda c: fold(c, "mean"), "mean")
-    var = L.emit_pointwise(kept, f"S{n}st", lambda c: fold(c, "var"), "var")
+    mu = L.emit_pointwise(kept, f"S{n}st", lambda c: pick(c, 0), "mean")
+    var = L.emit_pointwise(kept, f"S{n}st", lambda c: pick(c, 1), "var")
     return mu, var
+
+
+def normalise(
+    L: Lowering,
+    node: fx.Node,
+    src: Val,
+    row_dims: list[int],
+    eps: float,
+    weight: str | None,
+    bias: str | None,
+    aff: tuple[Callable[[str], str], str | None],
+    tag: str,
+) -> Val | None:
+    """``src`` normalised over ``row_dims`` (its rows made of runs, see :func:`_layout`) in three
+    kernels: the split statistics, a work-group per row merging them, then work-groups over the same
+    pieces (128-bit loads and stores, the row's mean and 1/std loaded once per work-group, the pieces
+    taken last first: those the statistics read last are still in L2). ``aff`` = (the affine
+    parameters' index of a row's first element, as C of the row; None or the positions per parameter
+    step within a run: "1" each element its own, else a divisor). None where the layout does not fit."""
+    got = _stats_kernels(L, node, src, row_dims)
+    if got is None:
+        return None
+    st, lay = got
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    mid, pp, vec, where = lay["mid"], lay["pp"], lay["vec"], lay["where"]
+    xp = L.ptr(src.buffer or "")
+    base_fn, step = aff
+
+    divided = step is not None and step != "1" and (weight is not None or bias is not None)
+
+    def param(q: str, k: int | None) -> str:
+        if step is None:
+            return "kf_pb"
+        if step == "1":
+            return f"(kf_pb + {q})"
+        if k is not None:  # a float4's channels: the first's, or the next from the boundary on (step >= 4)
+            return f"(kf_pb + kf_ch + (kf_q0 + {k}u >= kf_nx))"
+        return f"(kf_pb + (kf_long)((unsigned)({q}) / (unsigned)({step})))"
+
+    def one(v: str, q: str, k: int | None = None) -> str:
+        e = f"(({v}) - kf_mean) * kf_rstd"
+        if weight is not None:
+            e = f"({e} * {weight}[{param(q, k)}])"
+        if bias is not None:
+            e = f"({e} + {bias}[{param(q, k)}])"
+        return e
+
+    if L.lang == "opencl":
+        v4 = "const float4 v = vload4(i, p);"
+    else:
+        v4 = "const float4 v = reinterpret_cast<const float4*>(p)[i];"
+    outs = ", ".join(one(f"v.{c}", f"c0 + 4 * i + {k}", k) for k, c in enumerate("xyzw"))
+    chq = (
+        f"const unsigned kf_q0 = (unsigned)(c0 + 4 * i), kf_ch = kf_q0 / (unsigned)({step}), "
+        f"kf_nx = (kf_ch + 1u) * (unsigned)({step}); "
+        if divided
+        else ""
+    )
+    vec = f"{vec} && (unsigned)({step}) >= 4u" if divided else vec
+    text = f"""    const int t = KF_LID(0);
+    const kf_long blk = (kf_long){mid} * {pp} - 1 - KF_GRP(0);  // last piece first
+{where}
+    const kf_long kf_pb = {base_fn("row")}; (void)kf_pb;
+    const float kf_mean = {st}[2 * row], kf_rstd = {f("rsqrt")}({st}[2 * row + 1] + {lit(eps)});
+    KF_G const float* p = {xp} + base;
+    KF_G float* o = y + base;
+    if ({vec}) {{
+        #pragma unroll 4
+        for (int i = t; i < len / 4; i += BLOCK) {{ {v4} {chq}KF_STORE4(o, 4 * i, {outs}); }}
+    }} else {{
+        for (int i = t; i < len; i += BLOCK) o[i] = {one("p[i]", "c0 + i")};
+    }}"""
+    n = lay["n"]
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty({src.py_shape}, dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, Q{n}[1] * Q{n}[3]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, "float", "", tag, launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, src.shape, src.py_shape)
 
 
 #: Elements of one output's contiguous run that a work-group of the block reduction folds.
