@@ -74,11 +74,11 @@ def test_implicit_gemm_conv_matches_eager_on_pocl(
     assert err <= 1e-4 * max(1.0, scale), f"{key} at CM, CN = {block}: max error {err}"
 
 
-def test_depthwise_conv_stays_direct_and_tiles_follow_the_shape() -> None:
+def test_depthwise_conv_is_a_stencil_and_tiles_follow_the_shape() -> None:
     gen = OfflineGenerator()
     separable = load_problem(DATA / "level1/depthwise_separable_conv.py", {})  # depthwise, then pointwise
     fused = {r.name: r for r in gen.recipes(separable.summary(), "cuda")}["graph/fused"]
-    assert "_conv(" in fused.kernel and "_convgemm(" in fused.kernel
+    assert "_dwconv(" in fused.kernel and "_convgemm(" in fused.kernel
     square = load_problem(DATA / "level1/conv2d_square.py", {})  # 64 output channels: 64-row tiles
     coop = {r.name: r for r in gen.recipes(square.summary(), "cuda")}["graph/fused_coop"]
     assert "convgemm" in coop.kernel and coop.defaults["CM"] == 4 and coop.defaults["CN"] == 4

@@ -320,3 +320,144 @@ def emit_conv_gemm(
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)
     return L.buffer_val(name, out, py_shape, ctype)
+
+
+#: Output rows per work item of the depthwise stencil (a vertical strip: the input rows its taps share are
+#: loaded once); the largest window unrolled at generation time.
+DW_ROWS = 4
+DW_MAX_TAPS = 49
+
+
+def depthwise_static(mod: object) -> tuple[tuple[int, int], ...] | None:
+    """((KH, KW), stride, padding, dilation) of a 2-D depthwise convolution module (one input channel
+    per group), where they are ints that the stencil unrolls; else None."""
+    ks, st, pd, dl = (getattr(mod, a, None) for a in ("kernel_size", "stride", "padding", "dilation"))
+    parts = []
+    for v in (ks, st, pd, dl):
+        if not isinstance(v, tuple) or len(v) != 2 or not all(isinstance(k, int) and k >= 0 for k in v):
+            return None
+        parts.append((int(v[0]), int(v[1])))
+    if parts[0][0] * parts[0][1] > DW_MAX_TAPS or min(parts[1]) < 1 or min(parts[3]) < 1:
+        return None
+    return tuple(parts)
+
+
+def emit_conv_depthwise(
+    L: Lowering,
+    node: fx.Node,
+    x: Val,
+    w: Val,
+    bias: str | None,
+    geometry: tuple[list[str], list[str], list[str], str],
+    static: tuple[tuple[int, int], ...],
+    out: tuple[int, ...],
+    py_shape: str,
+) -> Val:
+    """A 2-D depthwise convolution (one input channel per group, any channel multiplier) as a stencil: a
+    work-group per (image, output channel) plane tile of 32 x 8 work items, each a vertical strip of
+    ``DW_ROWS`` outputs of one column. Where the runtime geometry is ``static`` (the module's at
+    generation time) the window is unrolled: each input row the strip's taps share is loaded once (its
+    ``KW`` taps in flight together) and the filter is held in registers; elsewhere generic loops. The
+    anchor's elementwise epilogue is applied on store."""
+    st, pd, dl, _ = geometry
+    odims = L.shape_dims(py_shape, out)
+    cin, cout = x.dims[1], odims[1]
+    ih_, iw_ = x.dims[2], x.dims[3]
+    oh_, ow_ = odims[2], odims[3]
+    kh_, kw_ = w.dims[2], w.dims[3]
+    (KH, KW), (SH, SW), (PH, PW), (DH, DW) = static
+    R = DW_ROWS
+    wp = L.ptr(str(w.buffer))
+    mult = f"({cout} / {cin})"
+    if x.buffer is not None:
+        xp = L.ptr(x.buffer)
+
+        def xload(ih: str, iw: str) -> str:
+            return f"{xp}[xb + (kf_long)({ih}) * {iw_} + ({iw})]"
+    else:
+
+        def xload(ih: str, iw: str) -> str:
+            return x.load(["(kf_long)nb", "(kf_long)ci", f"(kf_long)({ih})", f"(kf_long)({iw})"])
+
+    # the unrolled strip: input row q of the span feeds output row r at tap i where q = r * SH + i * DH
+    span = (R - 1) * SH + (KH - 1) * DH + 1
+    lines = [f"const float wk{t} = {wp}[wb + {t}];" for t in range(KH * KW)]
+    lines.append(" ".join(f"float a{r} = 0.0f;" for r in range(R)))
+    lines.append(" ".join(f"const int iw{j} = ow * {SW} - {PW} + {j * DW};" for j in range(KW)))
+    lines.append(" ".join(f"const int cw{j} = iw{j} >= 0 && iw{j} < {iw_};" for j in range(KW)))
+    for q in range(span):
+        uses = [(r, (q - r * SH) // DH) for r in range(R) if q >= r * SH and (q - r * SH) % DH == 0]
+        uses = [(r, i) for r, i in uses if i < KH]
+        if not uses:
+            continue
+        rows_ok = " || ".join(f"{r} < nr" for r, _ in uses)
+        lines.append(f"{{ const int ih = ih0 + {q}; const int rok = ih >= 0 && ih < {ih_} && ({rows_ok});")
+        for j in range(KW):
+            lines.append(f"  const float v{j} = (rok && cw{j}) ? {xload('ih', f'iw{j}')} : 0.0f;")
+        for r, i in uses:
+            terms = " ".join(f"a{r} = KF_DFMA(v{j}, wk{i * KW + j}, a{r});" for j in range(KW))
+            lines.append(f"  {terms}")
+        lines.append("}")
+    unrolled = "\n        ".join(lines)
+    # the generic strip: runtime window, one output row at a time
+    generic = f"""float a[{R}];
+        #pragma unroll
+        for (int r = 0; r < {R}; ++r) {{
+            float acc = 0.0f;
+            for (int i = 0; i < {kh_}; ++i) {{
+                const int ih = (oh0 + r) * {st[0]} - {pd[0]} + i * {dl[0]};
+                if (ih < 0 || ih >= {ih_}) continue;
+                for (int j = 0; j < {kw_}; ++j) {{
+                    const int iw = ow * {st[1]} - {pd[1]} + j * {dl[1]};
+                    if (iw >= 0 && iw < {iw_}) acc = KF_DFMA({xload("ih", "iw")}, {wp}[wb + i * {kw_} + j], acc);
+                }}
+            }}
+            a[r] = acc;
+        }}"""
+    fits = " && ".join(
+        f"{a} == {b}"
+        for a, b in zip(
+            [kh_, kw_, st[0], st[1], pd[0], pd[1], dl[0], dl[1]],
+            [KH, KW, SH, SW, PH, PW, DH, DW],
+            strict=True,
+        )
+    )
+    cs = ["(kf_long)nb", "(kf_long)co", "(kf_long)oh", "(kf_long)ow"]
+    epi, ctype, _ = L.epilogue(node, out, cs, "float")
+    add = f" acc += {bias}[co];" if bias else ""
+    stores_u = "\n        ".join(
+        f"if ({r} < nr) {{ const int oh = oh0 + {r}; float acc = a{r};{add} y[yb + (kf_long)oh * {ow_} + ow] = {epi}; }}"
+        for r in range(R)
+    )
+    stores_g = f"""#pragma unroll
+        for (int r = 0; r < {R}; ++r)
+            if (r < nr) {{ const int oh = oh0 + r; float acc = a[r];{add} y[yb + (kf_long)oh * {ow_} + ow] = {epi}; }}"""
+    fma = "fmaf((a), (b), (c))" if L.lang == "cuda" else "((a) * (b) + (c))"
+    text = f"""#define KF_DFMA(a, b, c) {fma}
+    const int ow = (int)KF_GRP(0) * 32 + KF_LID(0);
+    const int oh0 = ((int)KF_GRP(1) * 8 + KF_LID(1)) * {R};
+    const int plane = (int)KF_GRP(2), nb = plane / {cout}, co = plane - nb * {cout}, ci = co / {mult};
+    if (ow < {ow_} && oh0 < {oh_}) {{
+    const int nr = {oh_} - oh0;
+    const kf_long xb = ((kf_long)nb * {cin} + ci) * ((kf_long){ih_} * {iw_});
+    const kf_long yb = (kf_long)plane * ((kf_long){oh_} * {ow_});
+    const int wb = co * ({kh_} * {kw_});
+    if ({fits}) {{
+        const int ih0 = oh0 * {SH} - {PH};
+        {unrolled}
+        {stores_u}
+    }} else {{
+        {generic}
+        {stores_g}
+    }}
+    }}
+#undef KF_DFMA"""
+    nk = L.nk
+    L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
+    launch = (
+        f"grid=(_cdiv({py_shape}[3], 32), _cdiv({py_shape}[2], {8 * R}), {py_shape}[0] * {py_shape}[1]), "
+        "block=(32, 8, 1)"
+    )
+    name = L.kernel(text, ctype, "", "dwconv", launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, out, py_shape, ctype)

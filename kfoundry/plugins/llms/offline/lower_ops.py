@@ -1345,7 +1345,11 @@ def _conv(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
     rows = int(mod.weight.shape[1]) if transposed else int(mod.weight.shape[0]) // int(mod.groups)
     phases = math.prod(mod.stride) if transposed else 1
     z = int(x.shape[0]) * int(mod.groups) * phases  # the GEMM's grid z: at most 65535
-    if L.fuse and rows >= lower_conv.MIN_ROWS and z <= 65535:  # an implicit GEMM (depthwise stays direct)
+    dw = lower_conv.depthwise_static(mod) if nd == 2 and not transposed else None
+    depthwise = int(mod.weight.shape[1]) == 1 and int(mod.groups) == int(x.shape[1])
+    if L.fuse and dw is not None and depthwise and int(out[0]) * int(out[1]) <= 65535:  # a stencil
+        return lower_conv.emit_conv_depthwise(L, node, x, w, bias, (st, pd, dl, G), dw, out, f"S{n}")
+    if L.fuse and rows >= lower_conv.MIN_ROWS and z <= 65535:  # an implicit GEMM
         return lower_conv.emit_conv_gemm(
             L,
             node,
