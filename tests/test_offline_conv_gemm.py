@@ -29,6 +29,10 @@ CASES = [
     pytest.param("level1/conv2d_dilated_padded.py", (2, 4), marks=_SLOW),
     ("level1/conv2d_grouped.py", (1, 8)),
     pytest.param("level1/conv1d.py", (2, 4), marks=_SLOW),
+    ("level1/conv1d.py", (8, 4)),
+    ("level1/conv2d_asymmetric_strided.py", (8, 4)),
+    ("level1/conv_transpose1d.py", (8, 4)),
+    pytest.param("level2/conv1d_batchnorm_relu_maxpool.py", (8, 4), marks=_SLOW),
     pytest.param("level1/conv3d.py", (1, 4), marks=_SLOW),
     ("level1/conv_transpose2d.py", (1, 2)),
     ("level1/conv_transpose2d_strided_dilated.py", (2, 8)),
@@ -79,6 +83,11 @@ def test_depthwise_conv_is_a_stencil_and_tiles_follow_the_shape() -> None:
     separable = load_problem(DATA / "level1/depthwise_separable_conv.py", {})  # depthwise, then pointwise
     fused = {r.name: r for r in gen.recipes(separable.summary(), "cuda")}["graph/fused"]
     assert "_dwconv(" in fused.kernel and "_convgemm(" in fused.kernel
-    square = load_problem(DATA / "level1/conv2d_square.py", {})  # 64 output channels: 64-row tiles
+    square = load_problem(DATA / "level1/conv2d_square.py", {})  # 128 output channels: 128 x 64 tiles
     coop = {r.name: r for r in gen.recipes(square.summary(), "cuda")}["graph/fused_coop"]
-    assert "convgemm" in coop.kernel and coop.defaults["CM"] == 4 and coop.defaults["CN"] == 4
+    assert "convgemm" in coop.kernel and coop.defaults["CM"] == 8 and coop.defaults["CN"] == 4
+    dilated = load_problem(DATA / "level1/conv2d_dilated_padded.py", {})  # 64 output channels: 64 x 64
+    fused = {r.name: r for r in gen.recipes(dilated.summary(), "cuda")}["graph/fused"]
+    assert fused.defaults["CM"] == 4 and fused.defaults["CN"] == 4
+    assert lower_conv.conv_blocks([(32, 262144, 64)]) == (2, 8)
+    assert lower_conv.conv_blocks([(128, 64, 1)]) == (4, 2)  # too few 128-row tiles: narrower ones

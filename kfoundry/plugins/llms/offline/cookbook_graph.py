@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from kfoundry.core.models import ParamValue, TunableSpace
+from kfoundry.plugins.llms.offline import lower_conv
 from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.lower import PY_HELPERS, Lowering, forward_body, init_source, kernel_source
 from kfoundry.plugins.llms.offline.recipe import Recipe
@@ -59,16 +60,8 @@ def _register_block(mm_sizes: list[tuple[int, int]]) -> int:
 
 
 def _conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
-    """(CM, CN) of the largest implicit-GEMM convolution, from the H200 sweep of session 5 (call F): up to
-    32 output channels per group 32 x 128 tiles (CM 2, CN 8), more 64 x 64 (CM 4, CN 4); narrower
-    columns where that leaves fewer than two tiles per SM."""
-    rows, cols, batch = max(conv_sizes, key=lambda s: s[0] * s[1] * s[2])
-    cm = 2 if rows <= 32 else 4
-    tiles_m = -(-rows // (16 * cm))
-    for cn in (8, 4) if cm == 2 else (4,):
-        if tiles_m * -(-cols // (16 * cn)) * batch >= 2 * 132:
-            return cm, cn
-    return cm, 2
+    """(CM, CN) of the largest implicit-GEMM convolution: :func:`.lower_conv.conv_blocks`."""
+    return lower_conv.conv_blocks(conv_sizes)
 
 
 _VARIANTS = {

@@ -31,6 +31,31 @@ if TYPE_CHECKING:
 MIN_ROWS = 4
 
 
+#: Thread blocks an H200 holds two of per SM (132 SMs): a tile choice must leave at least this many.
+MIN_TILES = 2 * 132
+
+
+def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """(CM, CN) of the largest implicit-GEMM convolution of ``conv_sizes`` ((output channels per group,
+    output positions, images x groups)). From the H200 sweep of session 5 (call F): up to 32 output
+    channels per group 32 x 128 tiles (CM 2, CN 8), up to 96 64 x 64 (CM 4, CN 4); from 97 (KernelBench's
+    128-channel convolutions) 128 x 64 (CM 8, CN 4): twice the multiply-adds per patch gather and per
+    local-memory read of the filter tile at 127 registers (two 256-thread blocks per SM still fit; 128 x 128
+    takes 161, one block). Narrower columns (or rows) where that leaves fewer than ``MIN_TILES`` tiles."""
+    rows, cols, batch = max(conv_sizes, key=lambda s: s[0] * s[1] * s[2])
+
+    def tiles(cm: int, cn: int) -> int:
+        return -(-rows // (16 * cm)) * -(-cols // (16 * cn)) * batch
+
+    if rows > 96 and tiles(8, 4) >= MIN_TILES:
+        return 8, 4
+    cm = 2 if rows <= 32 else 4
+    for cn in (8, 4) if cm == 2 else (4,):
+        if tiles(cm, cn) >= MIN_TILES:
+            return cm, cn
+    return cm, 2
+
+
 def _prod(dims: list[str]) -> str:
     return "(" + " * ".join(dims) + ")" if dims else "1"
 
