@@ -9,11 +9,14 @@ stride, padding, dilation, asymmetric windows, channel multipliers, bias, epilog
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import kfoundry.runtime as runtime
 from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
@@ -107,3 +110,36 @@ def test_depthwise_stencil_generic_path_when_geometry_changes(tmp_path: Path) ->
         synchronize()
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize(
+    ("case", "params"),
+    [
+        ((3, 1, 3, 1, 1, 1, False, 2, 19, 37, "return self.pw(y)"), {"CM": 8, "CN": 4}),
+        ((2, 2, (3, 5), (2, 1), (1, 2), (2, 1), True, 1, 17, 23, "return torch.tanh(y) * 2.0"), {}),
+    ],
+)
+def test_depthwise_stencil_cuda_on_the_cpu_emulation(
+    tmp_path: Path, case: tuple, params: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA text of the stencil (and of a following 128 x 64-tile pointwise GEMM) run on the
+    emulation of ``tests/test_offline_cuda_emulated.py``."""
+    from tests.test_offline_cuda_emulated import emu_load
+
+    monkeypatch.setattr(runtime, "load", emu_load)
+    problem = load_problem(_problem(tmp_path, case), {})
+    recipe = next(r for r in OfflineGenerator().recipes(problem.summary(), "cuda") if r.name == "graph/fused")
+    assert "_dwconv(" in recipe.kernel
+    torch.manual_seed(0)
+    ref = problem.make_reference()
+    inputs = problem.make_inputs(1)
+    namespace: dict[str, Any] = {"PARAMS": {**recipe.defaults, **params}, "__name__": "kf_candidate"}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    with torch.no_grad():
+        expected = ref(*inputs)
+        got = model(*inputs)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
