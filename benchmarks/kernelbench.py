@@ -35,6 +35,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,24 @@ def _breadth(
         break
     print(f"| {row['problem']} | {row.get('recipe', 'none correct')}{notes(row)} | | | | | | |", flush=True)
     return True
+
+
+def _watchdog(args: argparse.Namespace, key: str, state: dict[str, Any]) -> threading.Timer:
+    """A started timer that, past ``--row-s``, gives up on the problem ``key``: its row says so and the run
+    goes on in a fresh process (a kernel still running cannot be stopped from inside this one)."""
+
+    def abandon() -> None:
+        row = {"problem": key, "recognised": True, "error": f"abandoned after --row-s {args.row_s:g} s"}
+        print(format_row(row), flush=True)
+        rows = [*state["rows"], row]
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        _restart(args.argv, {**state, "rows": rows})
+
+    timer = threading.Timer(args.row_s, abandon)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _line(exc: BaseException) -> str:
@@ -316,6 +335,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--problem-s", type=float, default=30.0, help="per problem: later recipes are cut")
     ap.add_argument(
         "--slow-s", type=float, default=30.0, help="a recipe whose warm-up run took longer is not timed"
+    )
+    ap.add_argument(
+        "--row-s", type=float, default=600.0, help="one problem's timing at most: past it the run restarts"
     )
     ap.add_argument("--deadline-s", type=float, default=math.inf, help="whole run: later problems are cut")
     ap.add_argument("--warm-s", type=float, default=240.0, help="the warm-up's own deadline")
@@ -508,7 +530,11 @@ def main(argv: list[str] | None = None) -> int:
                 if outcome is not None and outcome.fatal:
                     row = {"problem": key, "recognised": True, "error": f"warm-up: {outcome.error}"}
                 else:
-                    row = _measure(key, problem, recipes, outcome, setup, run_state)
+                    watchdog = _watchdog(args, key, run_state)
+                    try:
+                        row = _measure(key, problem, recipes, outcome, setup, run_state)
+                    finally:
+                        watchdog.cancel()
             except Exception as exc:  # noqa: BLE001 - the problem's own fault costs its row
                 row = {"problem": key, "recognised": True, "error": _line(exc)}
             if device.type == "cuda":
