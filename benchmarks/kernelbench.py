@@ -468,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = {k: Outcome(**v) for k, v in state["warm"].items()}
     elif args.workers and not args.breadth:
         outcomes = _warm(args, todo, device, folder)
+        if args.json:  # every recipe's warm-up verdict and seconds, beside the rows
+            warm = {k: dataclasses.asdict(o) for k, o in outcomes.items()}
+            args.json.with_suffix(".warm.json").write_text(json.dumps(warm, indent=1) + "\n")
     else:
         outcomes = {}
     if "rates" in state:
