@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
-from kfoundry.plugins.llms.offline import lower_conv, lower_split, lower_stats
+from kfoundry.plugins.llms.offline import lower_conv, lower_scan, lower_split, lower_stats
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
@@ -645,6 +645,8 @@ def reduce(
                 + f"\n        acc = {f('pow')}(acc, {lit(1.0 / p)});"
             )
         if op == "lse":
+            if ln:  # a warp per output, eight terms per lane in flight
+                return lower_scan.lane_lse(L, count, x, f("exp"), f("log"))
             q = L.fresh("q")
             return lower_split.online_lse(row_loop(q, count, ln), x, q, ln, f("exp"), f("log"))
         if op == "prod":
@@ -881,8 +883,14 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
     n = L.order[node]
     L.fwd(f"S{n} = {src.py_shape}")
     R = src.dims[d]
+    flip = lower_scan.flipped_user(L, node, d)
 
-    def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
+    def body(c: list[str], store_fwd: Callable[[list[str], str], str]) -> str:
+        def store(cs: list[str], v: str) -> str:  # a flip of the scan is applied on store
+            if flip is None:
+                return store_fwd(cs, v)
+            return store_fwd([*cs[:d], f"({R} - 1 - ({cs[d]}))", *cs[d + 1 :]], v)
+
         r = L.fresh("r")
         at = [*c[:d], r, *c[d + 1 :]]
         if key != "cummax" and L.lanes(src.shape[d]):
@@ -904,7 +912,30 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
             f"{store(at, 'run')} }}"
         )
 
-    return L.emit_rows(src.shape, f"S{n}", [d], body, key, node=node)
+    if flip is None:
+        return L.emit_rows(src.shape, f"S{n}", [d], body, key, node=node)
+    # flip(cumsum(., d), d) (a reverse scan): one kernel writes the flipped result; the flip node is that
+    # buffer (its epilogue chain applied on store), the scan itself a flipped view of it
+    out = L.emit_rows(src.shape, f"S{n}", [d], body, key, node=flip)
+    fo = L.order[flip]
+    L.fwd(f"S{fo} = S{n}")
+    L.vals[flip] = L.buffer_val(str(out.buffer), out.shape, f"S{fo}", out.ctype)
+    chain = L.epilogue_chain(flip) if flip in L.applied else []
+    for m in chain:
+        L.fused_into[m] = flip
+    if chain:
+        last = chain[-1]
+        L.fwd(f"S{L.order[last]} = S{fo}")
+        L.vals[last] = L.buffer_val(str(out.buffer), out.shape, f"S{L.order[last]}", out.ctype)
+    dims = out.dims
+    return Val(
+        out.shape,
+        dims,
+        lambda c: out.load([f"({dims[k]} - 1 - ({x}))" if k == d else x for k, x in enumerate(c)]),
+        f"S{n}",
+        out.ctype,
+    )
+
 
 
 def _warp_scan(
