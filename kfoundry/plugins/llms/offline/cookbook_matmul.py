@@ -947,6 +947,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) matmul({args}) {{
 
 
 def recipes(spec: OpSpec, language: str) -> list[Recipe]:
+    if spec.family == "gemm":  # batched / transposed / triangular / diagonal products (.recognize_mm)
+        from kfoundry.plugins.llms.offline import cookbook_mm_variants
+
+        return adapt(cookbook_mm_variants.recipes(spec, language, _epilogue(spec, language)), spec)
     if spec.dtype != "float32":  # fp16 / bf16: fp32 accumulation, tensor cores on CUDA
         build = cookbook_hgemm.opencl_recipes if language == "opencl" else cookbook_hgemm.cuda_recipes
         return adapt(build(spec, _epilogue(spec, language), "epilogue({v}, {n})"), spec)

@@ -31,18 +31,36 @@ from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
 
-def _kernel(spec: OpSpec, epilogue: str, epi_call: str) -> str:
+def _kernel(
+    spec: OpSpec,
+    epilogue: str,
+    epi_call: str,
+    ta: bool = False,
+    tb: bool = False,
+    batched: bool = False,
+    tri: int = 0,
+    variant: bool = False,
+) -> str:
+    """The kernels. ``ta``: A is stored [K, M] (``A.T`` of the problem; float4 loads along M, stored into
+    ``As[k][m]`` as they are); ``tb``: B is stored [N, K] (as a linear layer's weight); ``batched``: grid z is the batch (per-operand element strides ``sa``, ``sb``,
+    0 broadcasts; C is [batch, M, N]); ``tri`` 1 / 2: the output is ``tril`` / ``triu`` of the product
+    (diagonal ``dg``): tiles entirely outside it skip the K loop, stores past the diagonal write zeros.
+    ``variant``: the kernels take ``sa, sb, dg`` after ``kc`` (:mod:`.cookbook_mm_variants`' launches)."""
     bias_p = "const float* __restrict__ bias, " if spec.bias else ""
     bias_a = "bias, " if spec.bias else ""
     epi_j = epi_call.format(v="v[j]", n="n + j")
     epi_v = epi_call.format(v="v", n="n")
-    params = f"const float* __restrict__ A, const float* __restrict__ B, {bias_p}float* __restrict__ C, int M, int N, int K, int kc"
-    args = f"A, B, {bias_a}C, M, N, K, kc"
+    extra = ", int sa, int sb, int dg" if variant else ""
+    params = f"const float* __restrict__ A, const float* __restrict__ B, {bias_p}float* __restrict__ C, int M, int N, int K, int kc{extra}"
+    args = f"A, B, {bias_a}C, M, N, K, kc" + (", sa, sb, dg" if extra else "")
     return f"""{epilogue}
+#define TA {int(ta)}
+#define BATCHED {int(batched)}
+#define TRI {tri}
 #ifndef KF_SMEM_DECL
 #define KF_SMEM_DECL extern __shared__ __align__(16) float kf_smem[];
 #endif
-#define BT {int(spec.linear)}
+#define BT {int(spec.linear or tb)}
 #define NT ((BM / WM) * (BN / WN) * 32)
 #define LR (WM / TM)
 #define LC (WN / TN)
@@ -77,17 +95,35 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
     }}
 #endif
     const int bm = by * BM, bn = bx * BN;
+#if BATCHED
+    A += (size_t)blockIdx.z * sa;
+    B += (size_t)blockIdx.z * sb;
+    C += (size_t)blockIdx.z * M * N;
+    const int kb = 0, ke = K;
+#else
     const int kb = blockIdx.z * kc, ke = min(K, kb + kc);
-    const int ntiles = (ke - kb + BK - 1) / BK;
-    const int full = (ke - kb) / BK;   // steps without a K tail; a last partial step checks K
+#endif
+#if TRI   // the tile's range of n - m against the kept band (tril: n - m <= dg, triu: n - m >= dg)
+    const bool dead = TRI == 1 ? bn - (bm + BM - 1) > dg : bn + BN - 1 - bm < dg;
+#else
+    const bool dead = false;
+#endif
+    const int ntiles = dead ? 0 : (ke - kb + BK - 1) / BK;
+    const int full = dead ? 0 : (ke - kb) / BK;   // steps without a K tail; a last partial step checks K
     // the thread's global loads: A (and BT's B) as rows x float4 along K, B as rows of K x float4 along N.
     // Rows past M and columns past N are clamped onto the last one (their products are never stored), so
     // only a K tail needs predicates (zero fill: it feeds every output).
     const float* pa[LA];
     #pragma unroll
     for (int i = 0; i < LA; ++i) {{
-        const int e = tid + NT * i, r = e / KQ, q = (e % KQ) * 4;
+        const int e = tid + NT * i;
+#if TA   // A[k][m]: rows of K x float4 along M
+        const int r = e / (BM / 4), m = bm + (e % (BM / 4)) * 4;
+        pa[i] = A + (size_t)(kb + r) * M + (VEC ? min(m, M - 4) : 0);
+#else
+        const int r = e / KQ, q = (e % KQ) * 4;
         pa[i] = A + (size_t)min(bm + r, M - 1) * K + kb + q;
+#endif
     }}
     const float* pb[LB];
     #pragma unroll
@@ -120,7 +156,21 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
         #pragma unroll
         for (int i = 0; i < LA; ++i) {{
             const int e = tid + NT * i;
+#if TA
+            const float* p = pa[i] + (size_t)dk * M;
+            const bool ok = !check || kb + e / (BM / 4) + dk < ke;
+            if (VEC) {{
+                ga[i] = ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }} else {{   // rows clamped onto M - 1
+                const int m = bm + (e % (BM / 4)) * 4;
+                ga[i].x = ok ? __ldg(p + min(m, M - 1)) : 0.0f;
+                ga[i].y = ok ? __ldg(p + min(m + 1, M - 1)) : 0.0f;
+                ga[i].z = ok ? __ldg(p + min(m + 2, M - 1)) : 0.0f;
+                ga[i].w = ok ? __ldg(p + min(m + 3, M - 1)) : 0.0f;
+            }}
+#else
             ga[i] = row4(pa[i] + dk, kb + (e % KQ) * 4 + dk, check);
+#endif
         }}
         #pragma unroll
         for (int i = 0; i < LB; ++i) {{
@@ -147,11 +197,17 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
         float* bs = Bs + s * (BK * SB);
         #pragma unroll
         for (int i = 0; i < LA; ++i) {{
-            const int e = tid + NT * i, r = e / KQ, q = (e % KQ) * 4;
+            const int e = tid + NT * i;
+#if TA
+            const int r = e / (BM / 4), c = (e % (BM / 4)) * 4;
+            *reinterpret_cast<float4*>(as + r * SA + c) = ga[i];
+#else
+            const int r = e / KQ, q = (e % KQ) * 4;
             as[(q + 0) * SA + r] = ga[i].x;
             as[(q + 1) * SA + r] = ga[i].y;
             as[(q + 2) * SA + r] = ga[i].z;
             as[(q + 3) * SA + r] = ga[i].w;
+#endif
         }}
         #pragma unroll
         for (int i = 0; i < LB; ++i) {{
@@ -207,7 +263,7 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
         if (more) stash(cur ^ 1);   // the other buffer was last read before the previous barrier
         __syncthreads();
     }}
-    const bool split = gridDim.z > 1;  // a slice of K: the raw partial sums into the workspace
+    const bool split = !BATCHED && gridDim.z > 1;  // a slice of K: the raw partial sums into the workspace
     float* out = C + (split ? (size_t)blockIdx.z * M * N : (size_t)0);
     const bool vecC = (N & 3) == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
     #pragma unroll
@@ -221,6 +277,9 @@ __device__ __forceinline__ void kf_sgemm_warp({params}) {{
             #pragma unroll
             for (int j = 0; j < 4; ++j) {{
                 v[j] = acc[i][h * 4 + j];
+#if TRI
+                if (TRI == 1 ? n + j - m > dg : n + j - m < dg) v[j] = 0.0f;
+#endif
                 if (!split && n + j < N) v[j] = {epi_j};
             }}
             if (vecC && n < N) {{

@@ -31,6 +31,7 @@ from kfoundry.plugins.llms.offline.recognize import OpSpec, recognize
 _COOKBOOKS = {
     "elementwise": cookbook_elementwise,
     "matmul": cookbook_matmul,
+    "gemm": cookbook_matmul,
     "softmax": cookbook_rows,
     "log_softmax": cookbook_rows,
     "layer_norm": cookbook_rows,

@@ -28,6 +28,7 @@ from kfoundry.plugins.llms.offline.normalize import normalize, with_shapes
 FAMILIES = (
     "elementwise",
     "matmul",
+    "gemm",
     "softmax",
     "log_softmax",
     "layer_norm",
@@ -344,6 +345,11 @@ def _elementwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
 
 
 def _matmul(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
+    from kfoundry.plugins.llms.offline.recognize_mm import matmul_variant
+
+    variant = matmul_variant(t, anchors)  # batched / transposed / triangular / diag: family "gemm"
+    if variant is not None:
+        return variant
     if len(anchors) != 1:
         return None
     node = anchors[0]
