@@ -142,7 +142,7 @@ _IDS = [
 def test_variant_is_recognised(key: str, shape: dict[str, int], dims: dict[str, int], tmp_path: Path) -> None:
     spec = OfflineGenerator().spec(_problem(key, shape, tmp_path).summary())
     assert spec.family == "gemm"
-    assert {k: v for k, v in spec.dims.items() if k != "mmv"} == dims
+    assert {k: v for k, v in spec.mm.items() if k != "mmv"} == dims
 
 
 def test_plain_products_keep_their_recipes() -> None:

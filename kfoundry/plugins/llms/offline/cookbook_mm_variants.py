@@ -23,7 +23,7 @@ from kfoundry.plugins.llms.offline.recognize import OpSpec
 
 def _head(spec: OpSpec) -> str:
     """``forward`` lines defining M, N, K, nb (batch), sa, sb (batch strides), dg and the output ``c``."""
-    d = spec.dims
+    d = spec.mm
     dg = int(d.get("dg", 0))
     lines = ["a = a.contiguous()", "b = b.contiguous()"]
     if d.get("batch"):
@@ -46,7 +46,7 @@ def _head(spec: OpSpec) -> str:
 
 
 def _sgemm_warp(spec: OpSpec, epilogue: str) -> Recipe:
-    d = spec.dims
+    d = spec.mm
     ta, tb, batched, tri = bool(d.get("ta")), bool(d.get("tb")), bool(d.get("batch")), int(d.get("tri", 0))
     vec = (
         f"{'M' if ta else 'K'} % 4 == 0 and {'K' if tb else 'N'} % 4 == 0 and sa % 4 == 0 and sb % 4 == 0"
@@ -183,7 +183,7 @@ def _lang(src: str, lang: str) -> str:
 
 
 def _strided(spec: OpSpec, epilogue: str, lang: str) -> Recipe:
-    d = spec.dims
+    d = spec.mm
     am, ak = ("1", "M") if d.get("ta") else ("K", "1")
     bk, bn = ("1", "K") if d.get("tb") else ("N", "1")
     forward = f"""{_head(spec)}
@@ -201,7 +201,7 @@ return c
         ["a", "b"],
         TunableSpace(params={"TILE": [8, 16, 32]}),
         {"TILE": 16},
-        rank=1,
+        rank=3,
         modules=spec.modules,
         description="TILE x TILE local-memory tiles over element strides (batch on grid z, transposed "
         "operands, triangular tiles skipped)",
@@ -245,9 +245,16 @@ return c
 
 def recipes(spec: OpSpec, language: str, epilogue: str) -> list[Recipe]:
     """The variant's recipes in ``language``; ``epilogue`` is the ``epilogue(v, n)`` device function."""
-    if spec.dims.get("diag"):
-        return [_row_scale(spec, epilogue, language)]
-    out = [_strided(spec, epilogue, language)]
-    if language == "cuda":
-        out.append(_sgemm_warp(spec, epilogue))
-    return out
+    from kfoundry.core.generator import GeneratorUnsupported
+    from kfoundry.plugins.llms.offline import cookbook_graph
+
+    if spec.mm.get("diag"):
+        out = [_row_scale(spec, epilogue, language)]
+    else:
+        out = [_strided(spec, epilogue, language)]
+        if language == "cuda":
+            out.append(_sgemm_warp(spec, epilogue))
+    try:  # the lowered graph's recipes (ranks 0-2) as well
+        return [*cookbook_graph.recipes(spec, language), *out]
+    except GeneratorUnsupported:
+        return out

@@ -72,6 +72,8 @@ class OpSpec:
     param_module: str = ""
     #: Family-specific sizes (depthwise conv: N, C, H, W, KS, stride, pad, OH, OW; rotary: axes).
     dims: dict[str, int] = field(default_factory=dict)
+    #: ``gemm``: the product variant (:mod:`.recognize_mm`: ta, tb, batch, flat, tri, dg, diag).
+    mm: dict[str, int] = field(default_factory=dict)
     #: ``graph``: the traced reference (on the meta device) and its source, for :mod:`.lower`.
     graph: Any = None
     source: str = ""

@@ -179,5 +179,9 @@ def matmul_variant(t: Any, anchors: list[fx.Node]) -> Any:
         M=int(M),
         N=int(N),
         K=int(K),
-        dims=dims,
+        mm=dims,
+        # the lowered graph's recipes too (:mod:`.cookbook_graph`)
+        graph=t.gm,
+        source=t.source,
+        dims={k: v for k, v in t.shapes.items() if isinstance(v, int)},
     )
