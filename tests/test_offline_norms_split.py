@@ -15,7 +15,7 @@ import torch
 
 from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
-from kfoundry.plugins.llms.offline import cookbook_graph
+from kfoundry.plugins.llms.offline import cookbook_graph, lower_norm_stream
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.runtime import load, set_backend, synchronize
 
@@ -60,17 +60,15 @@ def _pocl() -> None:
     set_backend(backend)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("module", "shape", "split"), CASES)
-def test_norm_matches_float64(
-    tmp_path: Path, module: str, shape: tuple[int, ...], split: bool, schedule: str
+def _check(
+    tmp_path: Path, module: str, shape: tuple[int, ...], schedule: str, marker: str, want: bool
 ) -> None:
     path = tmp_path / "norm.py"
     path.write_text(_SRC.format(module=module, shape=shape))
     problem = load_problem(path)
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", schedule, 1)
     if schedule != "graph/unfused":
-        assert ("_fold(" in recipe.kernel) == split  # the three-kernel path where the rows are long
+        assert (marker in recipe.kernel) == want, recipe.kernel[:2000]
     namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
     exec(compile(recipe.render(), recipe.name, "exec"), namespace)
     torch.manual_seed(0)
@@ -93,3 +91,21 @@ def test_norm_matches_float64(
         synchronize()
     err = (got.double() - expected).abs().max().item()
     assert err < 2e-3, f"{module} {shape} {schedule}: max error {err}"
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("module", "shape", "split"), CASES)
+def test_norm_matches_float64(
+    tmp_path: Path, module: str, shape: tuple[int, ...], split: bool, schedule: str
+) -> None:
+    _check(tmp_path, module, shape, schedule, "_fold(", split)  # three kernels where the rows are long
+
+
+@pytest.mark.slow  # PoCL spins its work-groups' waits on two cores: ~25 s a case
+@pytest.mark.parametrize(("module", "shape", "split"), [c for c in CASES if "Batch" not in c[0]])
+def test_norm_stream_matches_float64(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, shape: tuple[int, ...], split: bool
+) -> None:
+    """The one-kernel stream (CUDA's fused_coop) on PoCL: tickets, arrivals, the last piece's merge."""
+    monkeypatch.setattr(lower_norm_stream, "OPENCL", True)
+    _check(tmp_path, module, shape, "graph/fused", "_stream(", split)

@@ -12,11 +12,13 @@ statistics, instead of two passes with a division per element.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
+from kfoundry.plugins.llms.offline import lower_norm_stream
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import Val, decompose, horner
 
@@ -195,15 +197,7 @@ def normalise(
     taken last first: those the statistics read last are still in L2). ``aff`` = (the affine
     parameters' index of a row's first element, as C of the row; None or the positions per parameter
     step within a run: "1" each element its own, else a divisor). None where the layout does not fit."""
-    got = _stats_kernels(L, node, src, row_dims)
-    if got is None:
-        return None
-    st, lay = got
-    f = lambda name: fn(name, L.lang)  # noqa: E731
-    mid, pp, vec, where = lay["mid"], lay["pp"], lay["vec"], lay["where"]
-    xp = L.ptr(src.buffer or "")
     base_fn, step = aff
-
     divided = step is not None and step != "1" and (weight is not None or bias is not None)
 
     def param(q: str, k: int | None) -> str:
@@ -223,6 +217,20 @@ def normalise(
             e = f"({e} + {bias}[{param(q, k)}])"
         return e
 
+    lay0 = _layout(len(src.shape), row_dims)
+    if lay0 is not None and not lay0[1] and src.buffer is not None and L.fuse:
+        inner_n = math.prod(src.shape[lay0[0] :])
+        if lower_norm_stream.wanted(L, inner_n):  # one kernel, the second read from L2
+            return lower_norm_stream.stream_normalise(
+                L, node, src, lay0[0], eps, weight, bias, param, base_fn, step if divided else None, tag
+            )
+    got = _stats_kernels(L, node, src, row_dims)
+    if got is None:
+        return None
+    st, lay = got
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    mid, pp, vec, where = lay["mid"], lay["pp"], lay["vec"], lay["where"]
+    xp = L.ptr(src.buffer or "")
     if L.lang == "opencl":
         v4 = "const float4 v = vload4(i, p);"
     else:

@@ -1,0 +1,235 @@
+"""Long normalisation rows in one persistent kernel whose second read of a piece comes from L2.
+
+Rows (instance norm's images, group norm's groups) are cut into pieces of :data:`PIECE` elements,
+numbered row by row. A fixed grid of work-groups takes tickets from an atomic counter; for ticket ``j``
+a work-group reads piece ``j`` and publishes its (mean, M2) (sums shifted by the piece's first element),
+and the work-group that completes a row's pieces merges them (Chan, in a fixed order: deterministic)
+into the row's mean and 1/std and raises the row's flag; the same work-group then normalises piece
+``j - D`` (waiting for its row's flag). ``D`` = pieces per row + the grid's work-groups, so the row of
+piece ``j - D`` is complete by then (a wait is rare) and the bytes read between a piece's two reads
+(about ``D`` pieces) stay well inside L2: x is read once from DRAM. No wait can deadlock: a ticket is
+taken only by a running work-group, which publishes its piece before it waits for anything, and the
+row a work-group waits for has all its pieces at smaller tickets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch.fx as fx
+
+from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
+from kfoundry.plugins.llms.offline.lower import Val
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+#: Elements of a piece (a work-group's share of one read).
+PIECE = 4096
+
+#: Work-groups of the persistent grid: the H200's 132 SMs x 2 (CUDA); a few on PoCL.
+GRID = {"cuda": 264, "opencl": 4}
+
+#: The most bytes read between a piece's two reads for which the stream is chosen (L2 is 50 MB).
+MAX_DISTANCE = 16 << 20
+
+#: Tests set this to run the stream on OpenCL (PoCL) in the fused schedule; CUDA takes it in fused_coop.
+OPENCL = False
+
+
+def wanted(L: Lowering, inner: int) -> bool:
+    """Whether rows of ``inner`` elements take the stream in this lowering."""
+    on = (L.lang == "cuda" and L.coop) or (L.lang == "opencl" and OPENCL and not L.coop)
+    pp = -(-inner // PIECE)
+    return on and inner >= 2 * PIECE and (pp + GRID[L.lang]) * PIECE * 4 <= MAX_DISTANCE
+
+
+def stream_normalise(
+    L: Lowering,
+    node: fx.Node,
+    src: Val,
+    s: int,
+    eps: float,
+    weight: str | None,
+    bias: str | None,
+    param: Callable[[str, int | None], str],
+    base_fn: Callable[[str], str],
+    divided: str | None,
+    tag: str,
+) -> Val:
+    """``src``'s rows (its dims from ``s`` on, one contiguous run per row) normalised in one kernel;
+    ``param(q, k)`` indexes the affine parameters (see ``lower_stats.normalise``)."""
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    n = L.order[node]
+    S = src.py_shape
+    grid = GRID[L.lang]
+    L.fwd(
+        f"Z{n} = (_prod({S}[:{s}]), _prod({S}[{s}:]), _cdiv(_prod({S}[{s}:]), {PIECE}), "
+        f"int(_prod({S}[{s}:]) % 4 == 0 and {src.buffer}.data_ptr() % 16 == 0))"
+    )
+    L.fwd(f"Z{n}d = Z{n}[2] + {grid}")
+    L.fwd(f"assert Z{n}[0] * Z{n}[2] + Z{n}d + {grid} < 2**31")
+    rows, inner, pp, vec = (L.sym(f"Z{n}[{k}]") for k in range(4))
+    D = L.sym(f"Z{n}d")
+    L.fwd(f"W{n}i = torch.zeros(1 + 2 * Z{n}[0], dtype=torch.int32, device=dev)")
+    L.fwd(f"W{n}f = torch.empty(2 * Z{n}[0] * Z{n}[2] + 2 * Z{n}[0], dtype=torch.float32, device=dev)")
+    wi, wf = L.ptr(f"W{n}i", "int"), L.ptr(f"W{n}f")
+    xp = L.ptr(src.buffer or "")
+    if L.lang == "cuda":
+        add, xchg, fence = "atomicAdd", "atomicExch", "__threadfence()"
+        ld4 = "reinterpret_cast<const float4*>(p)[i]"
+        zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
+    else:
+        add, xchg, fence = "atomic_add", "atomic_xchg", "mem_fence(CLK_GLOBAL_MEM_FENCE)"
+        ld4 = "vload4(i, p)"
+        zero4 = "(float4)(0.0f, 0.0f, 0.0f, 0.0f)"
+    V = f"({PIECE} / (4 * BLOCK))"
+
+    def one(v: str, q: str, k: int | None) -> str:
+        e = f"(({v}) - kf_mean) * kf_rstd"
+        if weight is not None:
+            e = f"({e} * {weight}[{param(q, k)}])"
+        if bias is not None:
+            e = f"({e} + {bias}[{param(q, k)}])"
+        return e
+
+    chq = (
+        f"const unsigned kf_q0 = (unsigned)(c0 + 4 * i), kf_ch = kf_q0 / (unsigned)({divided}), "
+        f"kf_nx = (kf_ch + 1u) * (unsigned)({divided}); "
+        if divided
+        else ""
+    )
+    vec4 = f"{vec} && (unsigned)({divided}) >= 4u" if divided else vec
+    outs = ", ".join(one(f"w.{c}", f"c0 + 4 * i + {k}", k) for k, c in enumerate("xyzw"))
+    scal = " ".join(
+        f"if (4 * i + {k} < len) o[4 * i + {k}] = {one(f'w.{c}', f'c0 + 4 * i + {k}', None)};"
+        for k, c in enumerate("xyzw")
+    )
+    merge = (
+        "if ({nb} > 0.0f) {{ const float kf_nn = {na} + {nb}, kf_d = {mb} - {ma}; "
+        "{ma} += kf_d * ({nb} / kf_nn); {qa} += {qb} + kf_d * kf_d * ({na} * ({nb} / kf_nn)); {na} = kf_nn; }}"
+    )
+    piece = """const kf_long row = {j} / {pp}, c0 = ({j} - row * {pp}) * {P};
+            const kf_long left = (kf_long){inner} - c0;
+            const int len = (int)(left < {P} ? left : {P});
+            KF_G const float* p = {xp} + row * (kf_long){inner} + c0;"""
+
+    def loads(arr: str) -> str:
+        return (
+            f"for (int u = 0; u < {V}; ++u) {{ const int i = t + u * BLOCK; "
+            f"if ({vec} && 4 * i < len) {arr}[u] = {ld4}; "
+            f"else {{ {arr}[u] = {zero4}; if (!{vec}) {{ "
+            + " ".join(f"if (4 * i + {k} < len) {arr}[u].{c} = p[4 * i + {k}];" for k, c in enumerate("xyzw"))
+            + " } } }"
+        )
+
+    text = f"""    KF_LOCAL float kf_a[BLOCK];
+    KF_LOCAL float kf_b[BLOCK];
+    KF_LOCAL float kf_c[BLOCK];
+    KF_LOCAL int kf_s[2];
+    const int t = KF_LID(0);
+    KF_G int* ws = (KF_G int*){wi};
+    KF_G float* pf = (KF_G float*){wf};
+    const kf_long total = (kf_long){rows} * {pp};
+    KF_G float* fin = pf + 2 * total;
+    for (;;) {{
+        if (t == 0) kf_s[0] = {add}(ws, 1);
+        KF_BARRIER;
+        const kf_long j = kf_s[0], k = j - {D};
+        KF_BARRIER;
+        if (j >= total + {D}) break;
+        float4 va[{V}];
+        float4 vb[{V}];
+        if (j < total) {{
+            {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {loads("va")}
+        }}
+        if (k >= 0) {{
+            {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {loads("vb")}
+        }}
+        if (j < total) {{  // the statistics of piece j
+            {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            const float shift = p[0];
+            float s1 = 0.0f, s2 = 0.0f;
+            for (int u = 0; u < {V}; ++u) {{
+                const int i = t + u * BLOCK;
+                const float d0 = 4 * i < len ? va[u].x - shift : 0.0f, d1 = 4 * i + 1 < len ? va[u].y - shift : 0.0f;
+                const float d2 = 4 * i + 2 < len ? va[u].z - shift : 0.0f, d3 = 4 * i + 3 < len ? va[u].w - shift : 0.0f;
+                s1 += (d0 + d1) + (d2 + d3);
+                s2 += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+            }}
+            kf_a[t] = s1;
+            kf_b[t] = s2;
+            KF_BARRIER;
+            for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+                if (t < o) {{ kf_a[t] += kf_a[t + o]; kf_b[t] += kf_b[t + o]; }}
+                KF_BARRIER;
+            }}
+            if (t == 0) {{
+                const float a = kf_a[0], m2 = kf_b[0] - a * (a / (float)len);
+                pf[2 * j] = shift + a / (float)len;
+                pf[2 * j + 1] = m2 > 0.0f ? m2 : 0.0f;
+                {fence};  // the partial before the arrival
+                kf_s[1] = {add}(ws + 1 + row, 1) == {pp} - 1;
+            }}
+            KF_BARRIER;
+            if (kf_s[1]) {{  // the row's last piece: merge its pieces (Chan, a fixed order)
+                {fence};
+                float na = 0.0f, ma = 0.0f, qa = 0.0f;
+                for (kf_long q = t; q < {pp}; q += BLOCK) {{
+                    const kf_long qc = q * {PIECE}, ql = (kf_long){inner} - qc;
+                    const float nb = (float)(ql < {PIECE} ? ql : {PIECE});
+                    const float mb = ((volatile KF_G float*)pf)[2 * (row * {pp} + q)];
+                    const float qb = ((volatile KF_G float*)pf)[2 * (row * {pp} + q) + 1];
+                    {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
+                }}
+                kf_a[t] = na;
+                kf_b[t] = ma;
+                kf_c[t] = qa;
+                KF_BARRIER;
+                for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+                    if (t < o) {{
+                        float nx = kf_a[t], mx = kf_b[t], qx = kf_c[t];
+                        const float ny = kf_a[t + o], my = kf_b[t + o], qy = kf_c[t + o];
+                        {merge.format(na="nx", nb="ny", ma="mx", mb="my", qa="qx", qb="qy")}
+                        kf_a[t] = nx; kf_b[t] = mx; kf_c[t] = qx;
+                    }}
+                    KF_BARRIER;
+                }}
+                if (t == 0) {{
+                    const float var = kf_c[0] / kf_a[0];
+                    fin[2 * row] = kf_b[0];
+                    fin[2 * row + 1] = {f("rsqrt")}((var > 0.0f ? var : 0.0f) + {lit(eps)});
+                    {fence};  // the statistics before the flag
+                    {xchg}(ws + 1 + {rows} + row, 1);
+                }}
+            }}
+        }}
+        if (k >= 0) {{  // piece j - D, its row's statistics ready (or soon)
+            {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            if (t == 0) {{
+                while ({add}(ws + 1 + {rows} + row, 0) == 0) {{ }}
+                {fence};
+            }}
+            KF_BARRIER;
+            const float kf_mean = ((volatile KF_G float*)fin)[2 * row];
+            const float kf_rstd = ((volatile KF_G float*)fin)[2 * row + 1];
+            const kf_long kf_pb = {base_fn("row")}; (void)kf_pb;
+            KF_G float* o = y + row * (kf_long){inner} + c0;
+            for (int u = 0; u < {V}; ++u) {{
+                const int i = t + u * BLOCK;
+                const float4 w = vb[u];
+                if ({vec4}) {{ if (4 * i < len) {{ {chq}KF_STORE4(o, 4 * i, {outs}); }} }}
+                else {{ {scal} }}
+            }}
+        }}
+    }}"""
+    del xp
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty({S}, dtype=torch.float32, device=dev)")
+    launch = f"grid=({grid}, 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, "float", "", f"{tag}_stream", launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, src.shape, S)
