@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
+import test_offline_matmul_async
 import torch
 from test_offline_matmul_async import run_emulated
 
@@ -64,7 +66,12 @@ TILES: dict[str, dict[str, int]] = {
 
 CASES: list[tuple[str, dict[str, int], dict[str, int]]] = [
     # ragged M, N and K with K, N % 4 != 0: matmul_u (4-byte loads), scalar stores, 2 x 3 tiles
+    ("level1/matmul_irregular.py", {"M": 131, "K": 37, "N": 257}, {"PAD": 0}),
+    # ... the same through zero-padded copies of A and B into the float4 kernel (PAD, the default)
     ("level1/matmul_irregular.py", {"M": 131, "K": 37, "N": 257}, {}),
+    ("level1/matmul_irregular.py", {"M": 67, "K": 130, "N": 61}, {"BK": 16}),
+    # padded with K split over grid z (the workspace [split, M, N4])
+    ("level1/matmul_large_k.py", {"M": 100, "N": 90, "K": 2047}, {"BK": 16}),
     # the float4 kernel, K tail inside a step of 16, ragged M and N, 256 threads of 8 x 8
     ("level1/matmul_irregular.py", {"M": 129, "K": 40, "N": 132}, {**TILES["128x128_w32x64_t8x8"], "BK": 16}),
     # lanes 8 x 4 (TM 8, TN 16), steps of 32, grouped block order off
@@ -80,8 +87,8 @@ CASES: list[tuple[str, dict[str, int], dict[str, int]]] = [
     ("level1/matmul_irregular.py", {"M": 67, "K": 33, "N": 130}, TILES["64x128_w32x64_t8x8"]),
     # 128 x 64 tiles, float4 loads, no K tail; lanes 8 x 4 of 8 x 8; K below one step (only a tail step)
     ("level1/matmul_irregular.py", {"M": 200, "K": 64, "N": 72}, TILES["128x64_w32x64_t8x8"]),
-    ("level1/matmul_irregular.py", {"M": 130, "K": 19, "N": 129}, TILES["128x128_w64x32_t8x8"]),
-    ("level1/matmul_irregular.py", {"M": 20, "K": 5, "N": 36}, {}),
+    ("level1/matmul_irregular.py", {"M": 130, "K": 19, "N": 129}, {**TILES["128x128_w64x32_t8x8"], "PAD": 0}),
+    ("level1/matmul_irregular.py", {"M": 20, "K": 5, "N": 36}, {"PAD": 0}),
     # one tile, long K: split over grid z into a workspace, slices added by matmul_sum
     ("level1/matmul_large_k.py", {"M": 128, "N": 128, "K": 2048}, {"BK": 16}),
     # [batch, M, K] @ [K, N] as one GEMM over batch * M rows
@@ -94,12 +101,37 @@ CASES: list[tuple[str, dict[str, int], dict[str, int]]] = [
 ]
 
 
+#: kernel names the forward looked up (launched) in the current test
+_LAUNCHED: list[str] = []
+
+
+class _Recorder:
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __getattr__(self, name: str) -> Any:
+        _LAUNCHED.append(name)
+        return getattr(self.module, name)
+
+
+def _recording_emu(*args: Any, **kw: Any) -> Any:
+    return _Recorder(test_offline_matmul_async._emu_plain(*args, **kw))
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize(("key", "shape", "params"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_sgemm_warp_matches_eager_on_the_cpu_emulation(
     key: str, shape: dict[str, int], params: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _LAUNCHED.clear()
+    monkeypatch.setattr(
+        test_offline_matmul_async, "_emu_plain", test_offline_matmul_async._emu, raising=False
+    )
+    monkeypatch.setattr(test_offline_matmul_async, "_emu", _recording_emu)
     got, expected = run_emulated(key, shape, "matmul/sgemm_warp", params, monkeypatch)
+    if shape.get("K", 0) % 4 or shape.get("N", 0) % 4:  # the kernel the shape takes
+        calls = _LAUNCHED.copy()
+        assert ("matmul_u" in calls) is (params.get("PAD", 1) == 0), calls
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 

@@ -83,7 +83,10 @@ return c
         kernel,
         forward,
         ["a", "b"],
-        base.space,
+        TunableSpace(  # the plain recipe's, less PAD (variant shapes take the 4-byte kernel)
+            params={k: v for k, v in base.space.params.items() if k != "PAD"},
+            restrictions=list(base.space.restrictions),
+        ),
         dict(DEFAULTS),
         rank=7,
         modules=spec.modules,
