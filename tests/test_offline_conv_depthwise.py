@@ -143,3 +143,56 @@ def test_depthwise_stencil_cuda_on_the_cpu_emulation(
         got = model(*inputs)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("stride", "padding", "rows"), [(1, 0, 8), (2, 1, 2), (1, 2, 4)])
+def test_column_strip_recipe_matches_eager_on_pocl(
+    tmp_path: Path, stride: int, padding: int, rows: int
+) -> None:
+    """The whole-problem ``depthwise_conv2d/column_strip`` recipe: ragged planes (the strip's last rows,
+    the last work-group's columns), stride, padding, bias."""
+    src = f"""import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv2d = nn.Conv2d(3, 3, 3, stride={stride}, padding={padding}, groups=3, bias=True)
+
+    def forward(self, x):
+        return self.conv2d(x)
+
+
+def get_inputs():
+    return [torch.rand(2, 3, 21, 37) - 0.5]
+
+
+def get_init_inputs():
+    return []
+"""
+    path = tmp_path / "dw_only.py"
+    path.write_text(src)
+    problem = load_problem(path, {})
+    recipe = next(
+        r
+        for r in OfflineGenerator().recipes(problem.summary(), "opencl")
+        if r.name == "depthwise_conv2d/column_strip"
+    )
+    namespace = {
+        "PARAMS": {**recipe.defaults, "ROWS": rows, "BLOCK_X": 16, "BLOCK_Y": 2},
+        "__name__": "kf_candidate",
+    }
+    namespace["load"] = load
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    ref = problem.make_reference()
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    inputs = problem.make_inputs(1)
+    with torch.no_grad():
+        expected = ref(*inputs)
+        got = model(*inputs)
+        synchronize()
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

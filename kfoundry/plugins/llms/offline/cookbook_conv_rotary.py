@@ -1,7 +1,9 @@
 """Depthwise 2-D convolution and rotary-embedding recipes.
 
 Depthwise convolution: one output per work-item → a row strip of outputs per work-item with the
-filter held in registers → a work-group tile whose input patch (with halo) is staged in local memory.
+filter held in registers → a work-group tile whose input patch (with halo) is staged in local memory
+→ a column strip per work-item (consecutive work-items on consecutive columns: coalesced), each input
+row its outputs' taps share loaded once.
 Rotary embedding (rotate-half form): one pair per work-item → vector loads of both halves → one
 (position, column) per work-item looping over the heads so cos/sin are loaded once.
 Scalar kernels are written once in OpenCL C and translated to CUDA (:func:`to_cuda`).
@@ -107,6 +109,43 @@ __kernel void dwconv({sig}) {{
     Y[((long)nc * D_OH + oh) * D_OW + ow] = acc{bias_add};
 }}
 """
+    column = f"""{pre}
+#define SPAN ((ROWS - 1) * D_STRIDE + D_KS)
+__kernel void dwconv({sig}) {{
+    int ow = get_global_id(0), oh0 = get_global_id(1) * ROWS, nc = get_global_id(2);
+    if (ow >= D_OW || oh0 >= D_OH || nc >= D_N * D_C) return;
+    int c = nc % D_C;
+    float wreg[D_KS * D_KS];
+    #pragma unroll
+    for (int k = 0; k < D_KS * D_KS; ++k) wreg[k] = Wt[c * D_KS * D_KS + k];
+    float acc[ROWS];
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    __global const float* plane = X + (long)nc * D_H * D_W;
+    #pragma unroll
+    for (int q = 0; q < SPAN; ++q) {{
+        int ih = oh0 * D_STRIDE - D_PAD + q;
+        if (ih < 0 || ih >= D_H) continue;
+        float v[D_KS];
+        #pragma unroll
+        for (int j = 0; j < D_KS; ++j) {{
+            int iw = ow * D_STRIDE - D_PAD + j;
+            v[j] = (iw >= 0 && iw < D_W) ? plane[ih * D_W + iw] : 0.0f;
+        }}
+        #pragma unroll
+        for (int r = 0; r < ROWS; ++r) {{
+            int i = q - r * D_STRIDE;
+            if (i >= 0 && i < D_KS) {{
+                #pragma unroll
+                for (int j = 0; j < D_KS; ++j) acc[r] += v[j] * wreg[i * D_KS + j];
+            }}
+        }}
+    }}
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        if (oh0 + r < D_OH) Y[((long)nc * D_OH + oh0 + r) * D_OW + ow] = acc[r]{bias_add};
+}}
+"""
     nc = "N * C"
     conv = (lambda s: s) if language == "opencl" else to_cuda
     blocks = [1, 2, 4, 8, 16, 32] if language == "opencl" else [8, 16, 32, 64]
@@ -176,6 +215,29 @@ __kernel void dwconv({sig}) {{
             init_defines=_CONV_DEFINES,
             lazy=True,
             description="a work-group tile with its input patch and halo in local memory",
+        ),
+        Recipe(
+            "depthwise_conv2d/column_strip",
+            "depthwise_conv2d",
+            language,
+            conv(column),
+            _conv_forward(
+                spec,
+                f"(_cdiv(OW, p['BLOCK_X']), _cdiv(_cdiv(OH, p['ROWS']), p['BLOCK_Y']), {nc})",
+                "(p['BLOCK_X'], p['BLOCK_Y'], 1)",
+            ),
+            ["x"],
+            TunableSpace(
+                params={"ROWS": [2, 4, 8], "BLOCK_X": blocks, "BLOCK_Y": [1, 2, 4, 8]},
+                restrictions=["BLOCK_X * BLOCK_Y <= 1024"],
+            ),
+            {"ROWS": 4, "BLOCK_X": 16 if language == "opencl" else 32, "BLOCK_Y": 8},
+            rank=3,
+            modules=spec.modules,
+            init_defines=_CONV_DEFINES,
+            lazy=True,
+            description="a column strip of ROWS outputs per work-item (coalesced across the warp): the input "
+            "rows its taps share loaded once, the filter in registers",
         ),
     ]
     return out
