@@ -1721,13 +1721,41 @@ def _huber(L: Lowering, node: fx.Node) -> Val:
 def _kl_div(L: Lowering, node: fx.Node) -> Val:
     if _loss_kw(L, node).get("log_target"):
         return _pointwise_loss(L, node, lambda a, b: f"({fn('exp', L.lang)}({b}) * (({b}) - ({a})))")
-    return _pointwise_loss(
-        L,
-        node,
-        lambda a, b: (
-            f"(({b}) > 0.0f ? ({b}) * ({fn('log', L.lang)}({b}) - ({a})) : (({b}) == 0.0f ? 0.0f : NAN))"
-        ),
-    )
+    log = fn("log", L.lang)
+
+    def term(a: str, b: str) -> str:
+        inner = _log_operand(a, log)
+        if inner is None:
+            return f"(({b}) > 0.0f ? ({b}) * ({log}({b}) - ({a})) : (({b}) == 0.0f ? 0.0f : NAN))"
+        # kl_div(log(p), t): t * log(t / p), one logarithm instead of two, where t / p is a normal float
+        # (else, and for p <= 0, inf or NaN, log t - log p as torch computes it)
+        r = f"(({b}) / ({inner}))"
+        return (
+            f"(({b}) > 0.0f ? ({b}) * (({r} >= 1.17549435e-38f && {r} <= 3.40282347e38f) ? {log}({r}) : "
+            f"({log}({b}) - {log}({inner}))) : (({b}) == 0.0f ? 0.0f : NAN))"
+        )
+
+    return _pointwise_loss(L, node, term)
+
+
+def _log_operand(a: str, log: str) -> str | None:
+    """``X`` where the C expression ``a`` is ``log(X)`` as a whole (``_kl_div``), else None."""
+    a = a.strip()
+    while a.startswith("(") and a.endswith(")") and _closes_at_end(a, 0):
+        a = a[1:-1].strip()
+    if not (a.startswith(f"{log}(") and a.endswith(")")) or not _closes_at_end(a, len(log)):
+        return None
+    return a[len(log) + 1 : -1]
+
+
+def _closes_at_end(a: str, i: int) -> bool:
+    """Whether the parenthesis at ``a[i]`` closes at the end of ``a``."""
+    depth = 0
+    for k in range(i, len(a)):
+        depth += {"(": 1, ")": -1}.get(a[k], 0)
+        if depth == 0:
+            return k == len(a) - 1
+    return False
 
 
 def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
