@@ -89,5 +89,8 @@ def test_depthwise_conv_is_a_stencil_and_tiles_follow_the_shape() -> None:
     dilated = load_problem(DATA / "level1/conv2d_dilated_padded.py", {})  # 64 output channels: 64 x 64
     fused = {r.name: r for r in gen.recipes(dilated.summary(), "cuda")}["graph/fused"]
     assert fused.defaults["CM"] == 4 and fused.defaults["CN"] == 4
+    convt = load_problem(DATA / "level2/conv_transpose2d_softmax_sigmoid.py", {})  # 128 rows, transposed 2-D
+    fused = {r.name: r for r in gen.recipes(convt.summary(), "cuda")}["graph/fused"]
+    assert fused.defaults["CM"] == 4  # 128-row tiles would take 130 registers there
     assert lower_conv.conv_blocks([(32, 262144, 64)]) == (2, 8)
     assert lower_conv.conv_blocks([(128, 64, 1)]) == (4, 2)  # too few 128-row tiles: narrower ones

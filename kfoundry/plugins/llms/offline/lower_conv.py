@@ -341,7 +341,10 @@ def emit_conv_gemm(
         z_py = f"{py_shape}[0] * {groups_py}"
     cg_py = f"({py_shape}[1] // {groups_py})"
     launch = f"grid=(_cdiv({p_py}, 16 * p['CN']), _cdiv({cg_py}, 16 * p['CM']), {z_py}), block=(16, 16, 1)"
-    L.conv_sizes.append((out[1] // groups, math.prod(out[2:]), out[0] * groups))
+    rows = out[1] // groups
+    if transposed and nd >= 2:  # 128-row tiles take 130 registers here (one 256-thread block per SM)
+        rows = min(rows, 96)
+    L.conv_sizes.append((rows, math.prod(out[2:]), out[0] * groups))
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)
     return L.buffer_val(name, out, py_shape, ctype)
