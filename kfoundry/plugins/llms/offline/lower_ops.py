@@ -1791,7 +1791,17 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
             f"        float acc = tg == {ign} ? 0.0f : mx + {f('log')}(den) - ({xl('tg')});"
         )
 
-    per = L.emit_pointwise((x.shape[0],), f"S{n}_per", body, "xent")
+    per = _xent_rows(L, node, x, t, ign)
+    if per is None:
+        per = L.emit_pointwise((x.shape[0],), f"S{n}_per", body, "xent")
+    if str(_loss_kw(L, node).get("reduction", "mean")) == "mean" and x.buffer is not None and L.fuse:
+        # the count of targets not ignored as a split reduction (was one warp over every target)
+        ok = Val(t.shape, t.dims, lambda c: f"({t.load(c)} == {ign} ? 0.0f : 1.0f)", t.py_shape)
+        cnt = reduce(L, node, ok, "sum", [0], False, epilogue=False, suffix="cnt")
+        tot = reduce(L, node, per, "sum", [0], False, epilogue=False)
+        return L.emit_pointwise(
+            (), f"S{n}", lambda c: f"float acc = {tot.load([])} / {cnt.load([])};", "xentmean", node=node
+        )
     if str(_loss_kw(L, node).get("reduction", "mean")) == "mean":  # torch: the mean over targets not ignored
         cnt = L.emit_pointwise(
             (),
@@ -1811,6 +1821,82 @@ def _cross_entropy(L: Lowering, node: fx.Node) -> Val:
         )
     reduction = str(_loss_kw(L, node).get("reduction", "mean"))
     return _finish_loss(L, node, per, reduction)
+
+
+def _xent_rows(L: Lowering, node: fx.Node, x: Val, t: Val, ign: int) -> Val | None:
+    """Cross-entropy's per-row terms, a work-group per row reading it once (float4 loads, four in flight
+    per work item): a running max and a sum of exponentials rescaled when the max grows (by exactly 1 when
+    it does not move, -inf terms adding 0, NaN propagating: the two-pass kernel's results), merged
+    across the work-group. None where the logits are not a buffer (the caller's path)."""
+    if x.buffer is None or not L.fuse:
+        return None
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    n = L.order[node]
+    L.fwd(f"X{n} = int({x.py_shape}[1] % 4 == 0 and {x.buffer}.data_ptr() % 16 == 0)")
+    C, vec = x.dims[1], L.sym(f"X{n}")
+    xp = L.ptr(x.buffer)
+    mx = lambda a, b: f"{a} = ({b} > {a} || {b} != {b}) ? {b} : {a};"  # noqa: E731
+    term = lambda v: f"({v} == -INFINITY ? 0.0f : {f('exp')}({v} - mm))"  # noqa: E731
+    resc = "(m == mm ? 1.0f : {e}(m - mm))".format(e=f("exp"))
+    ld4 = "vload4(i, p)" if L.lang == "opencl" else "reinterpret_cast<const float4*>(p)[i]"
+    ninf4 = (
+        "(float4)(-INFINITY, -INFINITY, -INFINITY, -INFINITY)"
+        if L.lang == "opencl"
+        else "make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY)"
+    )
+    comps = [f"v[u].{c}" for c in "xyzw"]
+    text = f"""    KF_LOCAL float kf_m[BLOCK];
+    KF_LOCAL float kf_s[BLOCK];
+    const int t = KF_LID(0);
+    const kf_long row = KF_GRP(0);
+    KF_G const float* p = {xp} + row * (kf_long){C};
+    float m = -INFINITY, s = 0.0f;
+    if ({vec}) {{
+        const int c4 = (int)({C} >> 2);
+        for (int i0 = t; i0 < c4; i0 += 4 * BLOCK) {{
+            float4 v[4];
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {{ const int i = i0 + u * BLOCK; v[u] = i < c4 ? {ld4} : {ninf4}; }}
+            float mm = m;
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {{ {" ".join(mx("mm", c) for c in comps)} }}
+            float add = 0.0f;
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) add += ({" + ".join(term(c) for c in comps)});
+            s = s * {resc} + add;
+            m = mm;
+        }}
+    }} else {{
+        for (int i = t; i < {C}; i += BLOCK) {{
+            const float xv = p[i];
+            float mm = m; {mx("mm", "xv")}
+            s = s * {resc} + {term("xv")};
+            m = mm;
+        }}
+    }}
+    kf_m[t] = m;
+    kf_s[t] = s;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+        if (t < o) {{
+            const float ma = kf_m[t], mb = kf_m[t + o];
+            float mm = ma; {mx("mm", "mb")}
+            kf_s[t] = kf_s[t] * (ma == mm ? 1.0f : {f("exp")}(ma - mm)) + kf_s[t + o] * (mb == mm ? 1.0f : {f("exp")}(mb - mm));
+            kf_m[t] = mm;
+        }}
+        KF_BARRIER;
+    }}
+    if (t == 0) {{
+        const kf_long tg = {t.load(["row"])};
+        y[row] = tg == {ign} ? 0.0f : kf_m[0] + {f("log")}(kf_s[0]) - p[tg];
+    }}"""
+    L.fwd(f"S{n}_per = ({x.py_shape}[0],)")
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(S{n}_per, dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, S{n}_per[0]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, "float", "", "xent", launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, (x.shape[0],), f"S{n}_per")
 
 
 def _triplet(
