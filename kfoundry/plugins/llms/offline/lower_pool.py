@@ -1,0 +1,420 @@
+"""Pooling of the lowering (max / average, 1-D to 3-D, adaptive average).
+
+Where the window (kernel size, stride, padding, dilation) is known when the graph is traced (the
+module's or the call's ints), the kernel is specialised to it behind a run-time check that the
+arguments still hold those values (else a generic loop serves any window):
+
+* a work item is one output column ``ow`` of ``R`` consecutive output rows (``R`` = 4 where the
+  windows overlap along the rows, else 1); its coordinates are decomposed once (32-bit where the
+  item count fits), the ``(n, c)`` plane's base offset is formed once in 64 bits, offsets inside the
+  plane are 32-bit (a plane is part of one sample: :mod:`.index_width` widens them where that does
+  not fit);
+* consecutive work items are consecutive ``ow``: a warp's loads of one tap are adjacent (coalesced);
+* the window is unrolled with compile-time strides: each input row of the ``R`` outputs' span is
+  reduced across the row's taps once and folded into every output whose window holds it (a row
+  shared by overlapping windows is read once per item, not once per output);
+* items whose span lies inside the input take a branch-free path; the rest (borders, padding,
+  ceil-mode windows past the end, a ragged last group of rows) mask each tap;
+* max propagates NaN as torch does (``max.NaN.f32`` on sm_80+; elsewhere ``v > a || v != v``),
+  padding is -inf for max; average divides by torch's count (``count_include_pad``) or
+  ``divisor_override``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import torch.fx as fx
+import torch.nn as nn
+
+from kfoundry.plugins.llms.offline import lower_ops as ops
+from kfoundry.plugins.llms.offline.elementwise_ops import lit
+from kfoundry.plugins.llms.offline.lower import Val, _shape, decompose, unflat
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline.lower import Lowering
+
+#: Output rows per work item where the windows overlap along the rows (each shared row read once).
+ROWS = 4
+#: Largest window (taps) unrolled by the specialised kernel.
+MAX_TAPS = 512
+
+#: NaN-propagating max of a float accumulator (one instruction on sm_80+).
+PMAX = {
+    "cuda": (
+        "#ifndef KF_PMAX\n"
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n"
+        '#define KF_PMAX(a, v) asm("max.NaN.f32 %0, %0, %1;" : "+f"(a) : "f"(v))\n'
+        "#else\n"
+        "#define KF_PMAX(a, v) (a) = ((v) > (a) || (v) != (v)) ? (v) : (a)\n"
+        "#endif\n"
+        "#endif\n"
+    ),
+    "opencl": "#ifndef KF_PMAX\n#define KF_PMAX(a, v) (a) = ((v) > (a) || (v) != (v)) ? (v) : (a)\n#endif\n",
+}
+
+
+def _window(L: Lowering, sizes: list[str]) -> tuple[str, list[str]]:
+    """Nested loop headers over a window of ``sizes`` (int counters, no index division) and their names."""
+    names = [L.fresh("w") for _ in sizes]
+    return " ".join(f"for (int {w} = 0; {w} < {k}; ++{w})" for w, k in zip(names, sizes, strict=True)), names
+
+
+def _ints(v: Any, nd: int) -> tuple[int, ...] | None:
+    """``v`` as ``nd`` ints (an int is repeated) where it is known now, else None."""
+    t = tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
+    if len(t) != nd or not all(isinstance(k, int) and not isinstance(k, bool) for k in t):
+        return None
+    return t
+
+
+def static_window(k: Any, s: Any, p: Any, d: Any, nd: int) -> tuple[tuple[int, ...], ...] | None:
+    """(kernel, stride, padding, dilation) as int tuples where all are known now and fit the unrolled kernel."""
+    kk = _ints(k, nd)
+    ss = _ints(s if s else k, nd)
+    pp, dd = _ints(p, nd), _ints(d, nd)
+    if kk is None or ss is None or pp is None or dd is None:
+        return None
+    if min(kk) < 1 or min(ss) < 1 or min(dd) < 1 or min(pp) < 0:
+        return None
+    taps = 1
+    for v in kk:
+        taps *= v
+    return (kk, ss, pp, dd) if taps <= MAX_TAPS else None
+
+
+def _pool(
+    L: Lowering,
+    node: fx.Node,
+    kind: str,
+    nd: int,
+    k: str,
+    s: str,
+    p: str,
+    d: str,
+    ceil: bool,
+    include_pad: bool = True,
+    divisor: int | None = None,
+    static: tuple[tuple[int, ...], ...] | None = None,
+) -> Val:
+    x = L.tensor(ops._args(node)[0])
+    n = L.order[node]
+    L.fwd(f"S{n} = _poolshape({x.py_shape}, {nd}, {k}, {s}, {p}, {d}, {ceil})")
+    out = _shape(node)
+    kk = [L.sym(f"_nt({k}, {nd})[{i}]") for i in range(nd)]
+    ss = [L.sym(f"_nt({s} if {s} else {k}, {nd})[{i}]") for i in range(nd)]
+    pp = [L.sym(f"_nt({p}, {nd})[{i}]") for i in range(nd)]
+    dd = [L.sym(f"_nt({d}, {nd})[{i}]") for i in range(nd)]
+    lead = len(out) - nd
+    idims = x.dims[lead:]
+
+    def divisor_of(oc: list[str], ks: list[str], sts: list[str], pds: list[str]) -> str:
+        """torch's divisor: the window clipped to the padded input (or to the input without padding)."""
+        if divisor:
+            return lit(float(divisor))
+        lo = [f"(({oc[i]}) * {sts[i]} - {pds[i]})" for i in range(nd)]
+        hi_pad = [
+            f"({lo[i]} + {ks[i]} < {idims[i]} + {pds[i]} ? {lo[i]} + {ks[i]} : {idims[i]} + {pds[i]})"
+            for i in range(nd)
+        ]
+        if include_pad:
+            return " * ".join(f"(float)({hi_pad[i]} - {lo[i]})" for i in range(nd))
+        return " * ".join(
+            f"(float)(({hi_pad[i]} < {idims[i]} ? {hi_pad[i]} : {idims[i]}) - ({lo[i]} > 0 ? {lo[i]} : 0))"
+            for i in range(nd)
+        )
+
+    def generic(c: list[str]) -> str:
+        """One output per work item, any window (run-time sizes)."""
+        oc = c[lead:]
+        loops, wc = _window(L, kk)
+        pos = [f"(({oc[i]}) * {ss[i]} - {pp[i]} + ({wc[i]}) * {dd[i]})" for i in range(nd)]
+        inside = " && ".join(f"{q} >= 0 && {q} < {idims[i]}" for i, q in enumerate(pos))
+        xl = x.load([*c[:lead], *pos])
+        if kind == "max":
+            return f"float acc = -INFINITY;\n        {loops} {{ if ({inside}) {{ float v = {xl}; KF_PMAX(acc, v); }} }}"
+        div = divisor_of(oc, kk, ss, pp)
+        return f"float acc = 0.0f;\n        {loops} {{ if ({inside}) acc += {xl}; }}\n        acc = acc / ({div});"
+
+    dims = L.shape_dims(f"S{n}", out)
+    coords = [f"c{i}" for i in range(len(out))]
+    store, ctype, _ = L.epilogue(node, out, coords, "float")
+    total = " * ".join(f"(kf_long){dm}" for dm in dims) or "1"
+    text = (
+        f"    const kf_long total = {total};\n"
+        f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{decompose('g', dims, coords, 'total')}"
+        f"        {generic(coords)}\n        y[g] = {store};\n    }}"
+    )
+    if static is not None and x.buffer is not None and x.ctype == "float":
+        fast = _specialised(L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of)
+        match = " && ".join(
+            f"{sym} == {v}"
+            for syms, vals in zip((kk, ss, pp, dd), static, strict=True)
+            for sym, v in zip(syms, vals, strict=True)
+        )
+        text = f"    if ({match}) {{\n{fast}\n    }} else {{\n{text}\n    }}"
+    return L.finish(PMAX[L.lang] + text, ctype, f"S{n}", out, f"{kind}pool", f"_prod(S{n})")
+
+
+def _specialised(
+    L: Lowering,
+    node: fx.Node,
+    kind: str,
+    nd: int,
+    x: Val,
+    out: tuple[int, ...],
+    odims: list[str],
+    lead: int,
+    static: tuple[tuple[int, ...], ...],
+    divisor: int | None,
+    divisor_of: Any,
+) -> str:
+    """The kernel body for the window ``static`` (see the module docstring)."""
+    K, S, P, D = static
+    idims = x.dims[lead:]
+    od = odims[lead:]
+    xp = L.ptr(str(x.buffer))
+    R = ROWS if nd >= 2 and (K[-2] - 1) * D[-2] + 1 > S[-2] else 1
+    # spatial item dims: ..., rows / R, columns
+    ohb = f"(({od[-2]} + {R - 1}) / {R})" if nd >= 2 else ""
+    item_sp = [*od[: nd - 2], ohb, od[-1]] if nd >= 2 else [od[-1]]
+    planes = " * ".join(f"(kf_long){dm}" for dm in odims[:lead]) or "(kf_long)1"
+    qn = [L.fresh("q") for _ in item_sp]
+    qplane = L.fresh("qp")
+    names = [qplane, *qn]
+    items = f"{planes} * " + " * ".join(f"(kf_long){dm}" for dm in item_sp)
+    dec = decompose("g", [f"({planes})", *item_sp], names, "items")
+    # output coordinates of the item's first output; row j adds j to the row coordinate
+    o = [f"(int){q}" for q in qn]
+    if nd >= 2:
+        o[-2] = f"((int){qn[-2]} * {R})"
+    ov = [L.fresh("o") for _ in range(nd)]
+    lov = [L.fresh("lo") for _ in range(nd)]
+    strides = [" * ".join(idims[i + 1 :]) or "1" for i in range(nd)]  # element strides inside a plane
+    span = [(K[i] - 1) * D[i] + 1 for i in range(nd)]
+    if nd >= 2:
+        span[-2] += (R - 1) * S[-2]
+    lines = [f"        const int {ov[i]} = {o[i]};" for i in range(nd)]
+    lines += [f"        const int {lov[i]} = {ov[i]} * {S[i]} - {P[i]};" for i in range(nd)]
+    psize = " * ".join(f"(kf_long){dm}" for dm in idims)
+    lines.append(f"        const KF_G float* xb = {xp} + {qplane} * ({psize});")
+    inside = [f"{lov[i]} >= 0 && {lov[i]} + {span[i] - 1} < {idims[i]}" for i in range(nd)]
+    if R > 1:
+        inside.append(f"{ov[-2]} + {R} <= {od[-2]}")
+    fill = "-INFINITY" if kind == "max" else "0.0f"
+    accs = [L.fresh("acc") for _ in range(R)]
+
+    def fold(a: str, v: str) -> str:
+        return f"KF_PMAX({a}, {v});" if kind == "max" else f"{a} += {v};"
+
+    def taps(masked: bool) -> str:
+        """The unrolled window: per input row of the span, its taps reduced once, folded into its outputs."""
+        out_l: list[str] = []
+        outer = nd - 1  # dims before the last
+        # every combination of the outer dims' span offsets (the row dim's span covers R outputs)
+        combos: list[tuple[int, ...]] = [()]
+        started: set[int] = set()
+        for i in range(outer):
+            combos = [(*c, t) for c in combos for t in range(span[i])]
+        for combo in combos:
+            js = []
+            for j in range(R):
+                ok = True
+                for i, t in enumerate(combo):
+                    base = j * S[i] if (nd >= 2 and i == nd - 2) else 0
+                    r = t - base
+                    if r < 0 or r % D[i] or r // D[i] >= K[i]:
+                        ok = False
+                        break
+                if ok:
+                    js.append(j)
+            if not js:
+                continue
+            off = " + ".join(
+                [f"({lov[i]} + {t}) * {strides[i]}" for i, t in enumerate(combo)] + [f"{lov[-1]}"]
+            )
+            rv = L.fresh("r")
+            hv = L.fresh("h")
+            rowok = " && ".join(
+                f"(unsigned)({lov[i]} + {t}) < (unsigned){idims[i]}" for i, t in enumerate(combo)
+            )
+            out_l.append(f"        {{ const KF_G float* {rv} = xb + ({off});")
+            vals = []
+            for kw in range(K[-1]):
+                e = f"{rv}[{kw * D[-1]}]"
+                if masked:
+                    cond = f"(unsigned)({lov[-1]} + {kw * D[-1]}) < (unsigned){idims[-1]}"
+                    cond = f"{rowok} && {cond}" if rowok else cond
+                    e = f"(({cond}) ? {e} : {fill})"
+                vals.append(e)
+            out_l.append(f"        float {hv} = {vals[0]};")
+            out_l += [f"        {{ float v = {v}; {fold(hv, 'v')} }}" for v in vals[1:]]
+            for j in js:  # the first row folded into an output sets it (-inf / 0 folded with h is h)
+                out_l.append(f"        {fold(accs[j], hv) if j in started else f'{accs[j]} = {hv};'}")
+                started.add(j)
+            out_l.append("        }")
+        return "\n".join(out_l)
+
+    init = "\n".join(f"        float {a} = {fill};" for a in accs)
+    # stores: output j of the item (row coordinate + j), its divisor, the epilogue on store
+    pcoords = [L.fresh("pc") for _ in range(lead)]
+    ocoords = [f"(kf_long){v}" for v in ov]
+
+    def stores(masked: bool) -> str:
+        s_l = []
+        for j in range(R):
+            oc = list(ocoords)
+            if nd >= 2:
+                oc[-2] = f"((kf_long){ov[-2]} + {j})"
+            cs = [*pcoords, *oc]
+            st, _, _ = L.epilogue(node, out, cs, "float")
+            flat = f"{qplane}"
+            for i in range(nd):
+                flat = f"({flat} * {od[i]} + {oc[i]})"
+            fin = ""
+            if kind == "avg":
+                if masked:
+                    ocs = [
+                        f"{ov[i]}" if not (nd >= 2 and i == nd - 2) else f"({ov[i]} + {j})" for i in range(nd)
+                    ]
+                    div = divisor_of(ocs, [str(v) for v in K], [str(v) for v in S], [str(v) for v in P])
+                else:
+                    div = lit(float(divisor)) if divisor else lit(float(_prod(K)))
+                fin = f"acc = acc / ({div}); "
+            line = f"{{ float acc = {accs[j]}; {fin}y[{flat}] = {st}; }}"
+            if masked and R > 1:
+                line = f"if ({ov[-2]} + {j} < {od[-2]}) {line}"
+            s_l.append("        " + line)
+        return "\n".join(s_l)
+
+    plane_dec = ""
+    if lead:
+        lead_dims = odims[:lead]
+        parts = unflat(qplane, lead_dims)
+        plane_dec = "\n".join(
+            f"        const kf_long {pc} = {e};" for pc, e in zip(pcoords, parts, strict=True)
+        )
+    body_fast = f"{init}\n{taps(False)}\n{stores(False)}"
+    body_slow = f"{init}\n{taps(True)}\n{stores(True)}"
+    used = any(re.search(rf"\b{pc}\b", body_fast + body_slow) for pc in pcoords)
+    return (
+        f"    const kf_long items = {items};\n"
+        f"    for (kf_long g = KF_GID; g < items; g += KF_GSTRIDE) {{\n{dec}"
+        + "\n".join(lines)
+        + ("\n" + plane_dec if used else "")
+        + f"\n        if ({' && '.join(inside)}) {{\n{body_fast}\n        }} else {{\n{body_slow}\n        }}\n    }}"
+    )
+
+
+def _prod(t: tuple[int, ...]) -> int:
+    out = 1
+    for v in t:
+        out *= v
+    return out
+
+
+def pool_mod(L: Lowering, node: fx.Node, mod: nn.Module, path: str) -> Val:
+    """An ``nn.MaxPoolNd`` / ``nn.AvgPoolNd`` module call."""
+    name = type(mod).__name__
+    nd = int(name[-2])
+    if name.startswith("Max"):
+        assert isinstance(mod, nn.modules.pooling._MaxPoolNd)
+        if mod.return_indices:
+            raise ops._unsupported("max pooling returning indices")
+        return _pool(
+            L,
+            node,
+            "max",
+            nd,
+            f"{path}.kernel_size",
+            f"{path}.stride",
+            f"{path}.padding",
+            f"{path}.dilation",
+            bool(mod.ceil_mode),
+            static=static_window(mod.kernel_size, mod.stride, mod.padding, mod.dilation, nd),
+        )
+    if name.startswith("Avg"):
+        assert isinstance(mod, nn.modules.pooling._AvgPoolNd)
+        return _pool(
+            L,
+            node,
+            "avg",
+            nd,
+            f"{path}.kernel_size",
+            f"{path}.stride",
+            f"{path}.padding",
+            "1",
+            bool(mod.ceil_mode),
+            bool(getattr(mod, "count_include_pad", True)),
+            getattr(mod, "divisor_override", None),
+            static_window(mod.kernel_size, mod.stride, mod.padding, 1, nd),
+        )
+    raise ops._unsupported(name)
+
+
+def pool_fn(L: Lowering, node: fx.Node) -> Val:
+    """An ``F.max_poolNd`` / ``F.avg_poolNd`` call."""
+    name = str(getattr(node.target, "__name__", ""))
+    nd = int(name[-2])
+    k = ops._arg(node, 1, "kernel_size")
+    s = ops._arg(node, 2, "stride")
+    p = ops._arg(node, 3, "padding", 0)
+    if name.startswith("max"):
+        if ops._arg(node, 6, "return_indices", False):
+            raise ops._unsupported("max pooling returning indices")
+        d = ops._arg(node, 4, "dilation", 1)
+        return _pool(
+            L,
+            node,
+            "max",
+            nd,
+            repr(k),
+            repr(s),
+            repr(p),
+            repr(d),
+            bool(ops._arg(node, 5, "ceil_mode", False)),
+            static=static_window(k, s, p, d, nd),
+        )
+    return _pool(
+        L,
+        node,
+        "avg",
+        nd,
+        repr(k),
+        repr(s),
+        repr(p),
+        "1",
+        bool(ops._arg(node, 4, "ceil_mode", False)),
+        bool(ops._arg(node, 5, "count_include_pad", True)),
+        ops._arg(node, 6, "divisor_override"),
+        static_window(k, s, p, 1, nd),
+    )
+
+
+def adaptive_avg(L: Lowering, node: fx.Node, size: Any, nd: int) -> Val:
+    """Adaptive average pooling: output cell ``i`` averages input ``[floor(i*I/O), ceil((i+1)*I/O))``."""
+    x = L.tensor(ops._args(node)[0])
+    n = L.order[node]
+    out = _shape(node)
+    lead = len(out) - nd
+    S = x.py_shape
+    L.fwd(
+        f"S{n} = {S}[:{lead}] + tuple(o if o is not None else {S}[{lead} + i] "
+        f"for i, o in enumerate(_nt({size!r}, {nd})))"
+    )
+
+    def body(c: list[str]) -> str:
+        od = L.shape_dims(f"S{n}", out)[lead:]
+        idims = x.dims[lead:]
+        lo = [f"(({c[lead + i]}) * {idims[i]} / {od[i]})" for i in range(nd)]
+        hi = [f"((({c[lead + i]}) + 1) * {idims[i]} + {od[i]} - 1) / {od[i]}" for i in range(nd)]
+        loops, ws = "", []
+        for i in range(nd):
+            v = L.fresh("a")
+            ws.append(v)
+            loops += f"for (kf_long {v} = {lo[i]}; {v} < {hi[i]}; ++{v}) "
+        cnt = " * ".join(f"(float)({hi[i]} - {lo[i]})" for i in range(nd))
+        return f"float acc = 0.0f;\n        {loops}acc += {x.load([*c[:lead], *ws])};\n        acc = acc / ({cnt});"
+
+    return L.emit_pointwise(out, f"S{n}", body, "adaptiveavg", node=node)
