@@ -9,6 +9,7 @@ source) and the generic path by a module whose window changes after tracing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,13 @@ import torch
 
 from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
+from kfoundry.plugins.backends.cuda_compile import nvrtc_available
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.runtime import load, set_backend, synchronize
 
 _GEN = OfflineGenerator()
+DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -140,3 +144,41 @@ def test_window_changed_after_tracing_takes_the_generic_path(tmp_path: Path) -> 
         expected, got = _run(problem, recipe, widen)
         assert got.shape == expected.shape == (2, 2, 11, 10)
         assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True), recipe.name
+
+
+def test_forced_64_bit_indices_stay_correct(tmp_path: Path) -> None:
+    """The kernels rewritten to 64-bit indices (as at sizes past one sample's 2^31) on PoCL."""
+    problem = _problem(tmp_path, "nn.MaxPool2d(3, stride=2, padding=1, dilation=2)", (2, 3, 17, 15), nan=True)
+    spec = _GEN.spec(problem.summary())
+    for recipe in adapt(_graph_recipes(problem), spec, force=True):
+        assert "const long lo" in recipe.kernel, recipe.name
+        expected, got = _run(problem, recipe)
+        assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True), recipe.name
+
+
+POOL_ROWS = sorted(
+    f"{p.parent.name}/{p.name}"
+    for lvl in ("level1", "level2")
+    for p in (DATA / lvl).glob("*.py")
+    if "pool" in p.name or (lvl == "level2" and re.search(r"pool\d?d\(|Pool\dd\(", p.read_text()))
+)
+
+
+@pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC not installed (extra `cuda`)")
+@pytest.mark.parametrize(
+    "key", [k if "level1" in k else pytest.param(k, marks=pytest.mark.slow) for k in POOL_ROWS]
+)
+def test_real_size_cuda_pool_kernels_compile_with_nvrtc(key: str) -> None:
+    """Every graph recipe of the KernelBench pooling rows at their real sizes (and forced 64-bit) builds
+    for sm_90 with NVRTC."""
+    from kfoundry.plugins.backends.cuda import CudaBackend, CudaOptions
+
+    backend = CudaBackend(CudaOptions(compiler="nvrtc", compile_only=True, arch="sm_90a"))
+    problem = load_problem(DATA / key, {})
+    spec = _GEN.spec(problem.summary())
+    recipes = [r for r in _GEN.recipes(problem.summary(), "cuda") if r.name.startswith("graph/")]
+    assert recipes
+    for recipe in [*recipes, *adapt(recipes, spec, force=True)]:
+        defines = {k: v for k, v in recipe.defaults.items() if isinstance(v, int)}
+        module = backend.load(recipe.kernel, defines=defines)
+        assert module.resources, f"{key} {recipe.name}"
