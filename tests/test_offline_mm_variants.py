@@ -180,7 +180,7 @@ WARP = [(k, s, d) for k, s, d in SPECS if not d.get("diag")]
 @pytest.mark.parametrize(
     ("key", "shape", "dims"), WARP, ids=[i for i, c in zip(_IDS, SPECS, strict=True) if c in WARP]
 )
-@pytest.mark.parametrize("tile", ["default", "64x128"])
+@pytest.mark.parametrize("tile", ["default", pytest.param("64x128", marks=pytest.mark.slow)])
 def test_sgemm_warp_variant_matches_eager_on_the_cpu_emulation(
     key: str,
     shape: dict[str, int],
@@ -219,12 +219,17 @@ def _nvrtc_ok() -> bool:
 @pytest.mark.parametrize(
     "key",
     [
-        "level1/batched_matmul.py",
-        "level1/matmul_transposed_a.py",
         "level1/matmul_transposed_both.py",
-        "level1/matmul_lower_triangular.py",
-        "level1/tensor4d_matrix_einsum.py",
-        "level1/matmul_diag.py",
+        *(
+            pytest.param(k, marks=pytest.mark.slow)
+            for k in (
+                "level1/batched_matmul.py",
+                "level1/matmul_transposed_a.py",
+                "level1/matmul_lower_triangular.py",
+                "level1/tensor4d_matrix_einsum.py",
+                "level1/matmul_diag.py",
+            )
+        ),
     ],
 )
 def test_variants_compile_for_sm90_without_spills(key: str) -> None:
