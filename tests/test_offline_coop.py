@@ -132,7 +132,7 @@ def test_cuda_variants_compile_for_sm90_without_spills(key: str, tmp_path: Path)
         defines: dict[str, object] = dict(recipe.defaults)
         if "ROW_LEN" in recipe.kernel:
             defines["ROW_LEN"] = spec.R
-        if "__cluster_dims__" in recipe.kernel:
+        if "__cluster_dims__" in recipe.kernel and "def _cluster" in recipe.preamble:  # a row recipe
             ns: dict[str, object] = {}
             exec(recipe.preamble, ns)
             cl = ns["_cluster"](spec.outer, spec.R)  # type: ignore[operator]

@@ -598,6 +598,10 @@ def reduce(
 
     del kept
 
+    if pick_node is None and epilogue and keep and not divide_by:  # with its broadcast consumer, one kernel
+        fused = lower_scan.fused_rows(L, node, src, op, p, dims, in_coords)
+        if fused is not None:
+            return fused
     total_r = math.prod(src.shape[k] for k in dims)
     split = op in ("sum", "mean", "max", "min") or (op == "norm" and p in (1.0, 2.0))
     if split and total_r >= SPLIT_MIN and math.prod(out) <= SPLIT_MAX_OUT:
@@ -935,7 +939,6 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
         f"S{n}",
         out.ctype,
     )
-
 
 
 def _warp_scan(

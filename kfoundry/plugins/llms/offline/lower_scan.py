@@ -3,15 +3,15 @@ store) and the one-read log-sum-exp of a warp per row, eight terms per lane in f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from kfoundry.plugins.llms.offline.lower import _shape
+from kfoundry.plugins.llms.offline.elementwise_ops import fn
+from kfoundry.plugins.llms.offline.lower import Val, _shape, decompose, horner
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from kfoundry.plugins.llms.offline.lower import Lowering
 
 
@@ -71,3 +71,181 @@ def lane_lse(L: Lowering, count: str, x: Callable[[str], str], exp: str, log: st
         f"{exp}(mx - mw)); acc = kf_wsum(acc); mx = mw; }}\n"
         f"        acc = (mx == INFINITY || mx == -INFINITY) ? mx : mx + {log}(acc);"
     )
+
+
+def claim(L: Lowering, anchor: fx.Node, out: Val) -> None:
+    """Make ``out`` (a kernel's buffer) the value of graph node ``anchor`` that the kernel computed for a
+    node before it (``anchor`` is then skipped by the walk), with ``anchor``'s epilogue chain if the
+    kernel applied it."""
+    fo = L.order[anchor]
+    L.fwd(f"S{fo} = {out.py_shape}")
+    L.vals[anchor] = L.buffer_val(str(out.buffer), out.shape, f"S{fo}", out.ctype)
+    chain = L.epilogue_chain(anchor) if anchor in L.applied else []
+    for m in chain:
+        L.fused_into[m] = anchor
+    if chain:
+        last = chain[-1]
+        L.fwd(f"S{L.order[last]} = S{fo}")
+        L.vals[last] = L.buffer_val(str(out.buffer), out.shape, f"S{L.order[last]}", out.ctype)
+
+
+UNROLL8 = '_Pragma("unroll 8")'
+
+#: Terms per row from which a reduction with a broadcast consumer runs as :func:`fused_rows`.
+ROWS_MIN = 4096
+#: Threads of a :func:`fused_rows` block on CUDA; elements of a row per block at most (then the row splits
+#: over a cluster of up to 8 blocks).
+ROWS_THREADS = 512
+#: Rows from which :func:`fused_rows` applies (fewer leave SMs idle).
+ROWS_MIN_ROWS = 256
+ROWS_SLICE = 8192
+
+
+def broadcast_consumer(L: Lowering, node: fx.Node, shape: tuple[int, ...]) -> fx.Node | None:
+    """The reduction ``node``'s only user where it is elementwise over the reduced tensor's ``shape``
+    (``x / x.norm(dim, keepdim=True)``) with its other operands computed before ``node``, else None."""
+    users = L.users[node]
+    if len(users) != 1 or not L.fuse:
+        return None
+    c = users[0]
+    if c.op == "output" or not L.is_elementwise(c) or _shape(c) != shape:
+        return None
+    for a in (*c.args, *c.kwargs.values()):
+        if isinstance(a, fx.Node) and a is not node and a.op != "get_attr" and L.order[a] > L.order[node]:
+            return None
+    return c
+
+
+def fused_rows(
+    L: Lowering,
+    node: fx.Node,
+    src: Val,
+    op: str,
+    p: float,
+    dims: list[int],
+    in_coords: Callable[[list[str], str], list[str]],
+) -> Val | None:
+    """A reduction over trailing ``dims`` (sum, mean, L1 / L2 norm, kept dims) and its broadcast consumer
+    in ONE kernel (the cooperative schedule): a block per row reduces it (a CUDA cluster of up to 8 blocks
+    where the row is long: each block a slice, the partials merged in rank order through distributed
+    shared memory, so every block gets the same total), then each block applies the consumer to its slice
+    right after, while the slice it just read is in L2 (rows in flight: the resident blocks over the
+    cluster size, a few MB). None where the shape or the consumer does not fit (the caller's path)."""
+    nd = len(src.shape)
+    if not L.coop or op not in ("sum", "mean", "norm") or (op == "norm" and p not in (1.0, 2.0)):
+        return None
+    if not dims or dims != list(range(nd - len(dims), nd)):
+        return None
+    total_r = 1
+    for k in dims:
+        total_r *= src.shape[k]
+    rows_n = 1
+    for k in range(nd - len(dims)):
+        rows_n *= src.shape[k]
+    # enough rows to fill the GPU (few long rows take the grid-wide split), slices of at most 2 ROWS_SLICE
+    if total_r < ROWS_MIN or total_r > 16 * ROWS_SLICE or rows_n < ROWS_MIN_ROWS:
+        return None
+    cons = broadcast_consumer(L, node, src.shape)
+    if cons is None:
+        return None
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    n = L.order[cons]
+    S = f"S{n}"
+    L.fwd(f"{S} = {src.py_shape}")
+    out = src.shape
+    odims = L.shape_dims(S, out)
+    kept = list(range(nd - len(dims)))
+    kd = [odims[k] for k in kept]
+    rows = " * ".join(f"(kf_long){d}" for d in kd) or "1"
+    count = " * ".join(f"(kf_long){odims[k]}" for k in dims)
+    cs = [f"c{k}" for k in kept]
+    decomp = decompose("row", kd, cs, "rows")
+    term = {
+        "norm": (lambda v: f"(({v}) * ({v}))") if p == 2.0 else (lambda v: f"{f('fabs')}({v})"),
+    }.get(op, lambda v: v)
+    final = {"mean": f"tot = tot / (float)({count});", "norm": f"tot = {f('sqrt')}(tot);" if p == 2.0 else ""}
+    at = in_coords([*cs, *["0"] * len(dims)], "q")  # a row's coordinates at its flat reduced index q
+    store_epi, ctype, _ = L.epilogue(cons, out, at, "float")
+    value = L.elementwise_expr(cons, at, out, {node: "tot"})
+    cuda = L.lang == "cuda"
+    nt = str(ROWS_THREADS) if cuda else "BLOCK"
+    tid = "(kf_long)threadIdx.x" if cuda else "(kf_long)get_local_id(0)"
+    if cuda:
+        rank, ncl = "(kf_long)blockIdx.x", "KF_CL"
+        row0, rstep = "(kf_long)blockIdx.y", "(kf_long)gridDim.y"
+        shared = "    __shared__ float kf_red[32]; __shared__ float kf_part;\n"
+        block_sum = (
+            "        part = kf_wsum(part);\n"
+            "        if ((threadIdx.x & 31) == 0) kf_red[threadIdx.x >> 5] = part;\n"
+            "        __syncthreads();\n"
+            f"        if (threadIdx.x < 32) {{ float w = threadIdx.x < {nt} / 32 ? kf_red[threadIdx.x] : 0.0f; "
+            "w = kf_wsum(w); if (threadIdx.x == 0) kf_part = w; }\n"
+            "#if KF_CL > 1\n"
+            "        __cluster_barrier_arrive(); __cluster_barrier_wait();\n"
+            "        float tot = 0.0f;\n"
+            "        #pragma unroll\n"
+            "        for (int rk = 0; rk < KF_CL; ++rk) tot += *static_cast<float*>(__cluster_map_shared_rank(&kf_part, rk));\n"
+            "        __cluster_barrier_arrive(); __cluster_barrier_wait();  // no block rewrites kf_part while another reads it\n"
+            "#else\n"
+            "        __syncthreads();\n"
+            "        float tot = kf_part;\n"
+            "#endif\n"
+        )
+    else:
+        rank, ncl = "(kf_long)0", "1"
+        row0, rstep = "(kf_long)get_group_id(0)", "(kf_long)get_num_groups(0)"
+        shared = "    __local float kf_red[BLOCK];\n"
+        block_sum = (
+            "        kf_red[get_local_id(0)] = part;\n"
+            "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "        for (int s = BLOCK / 2; s > 0; s >>= 1) {\n"
+            "            if ((int)get_local_id(0) < s) kf_red[get_local_id(0)] += kf_red[get_local_id(0) + s];\n"
+            "            barrier(CLK_LOCAL_MEM_FENCE);\n"
+            "        }\n"
+            "        float tot = kf_red[0];\n"
+            "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+        )
+    ydims = [odims[k] for k in range(nd)]
+    text = (
+        f"{shared}"
+        f"    const kf_long rows = {rows};\n"
+        f"    const kf_long cnt = {count};\n"
+        f"    const kf_long slice = (cnt + {ncl} - 1) / {ncl};\n"
+        f"    const kf_long lo = {rank} * slice, hi = lo + slice < cnt ? lo + slice : cnt;\n"
+        f"    for (kf_long row = {row0}; row < rows; row += {rstep}) {{\n{decomp}"
+        f"        float part = 0.0f;\n"
+        f"        {UNROLL8} for (kf_long q = lo + {tid}; q < hi; q += {nt}) {{\n"
+        f"            part += {term(src.load(at))};\n        }}\n"
+        f"{block_sum}"
+        f"        {final.get(op, '')}\n"
+        f"        {UNROLL8} for (kf_long q = lo + {tid}; q < hi; q += {nt}) {{\n"
+        f"            float acc = {value};\n"
+        f"            y[{horner(at, ydims)}] = {store_epi};\n        }}\n"
+        f"    }}"
+    )
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty({S}, dtype=torch.float32, device=dev)")
+    rows_py = " * ".join(f"{S}[{k}]" for k in kept) or "1"
+    count_py = " * ".join(f"{S}[{k}]" for k in dims)
+    if cuda:
+        L.fwd(f"_kf_cl = max(1, min(8, _cdiv({count_py}, {ROWS_SLICE})))")
+        launch = f"grid=(_kf_cl, max(1, min({rows_py}, 65535)), 1), block=({ROWS_THREADS}, 1, 1)"
+    else:
+        launch = f"grid=(max(1, min({rows_py}, 65535)), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, ctype, "", "rows", launch_dims=launch)
+    kern = L.sched.kernels[-1]
+    if cuda:
+        kern.source = "#ifndef KF_CL\n#define KF_CL 1\n#endif\n" + kern.source.replace(
+            f"KF_KERNEL {kern.name}(",
+            f"KF_KERNEL __cluster_dims__(KF_CL, 1, 1) __launch_bounds__({ROWS_THREADS}) {kern.name}(",
+        )
+        kern.launch = kern.launch.replace("self.prog.", "self._program(KF_CL=_kf_cl).")
+    L.fwd(kern.launch)
+    res = L.buffer_val(name, out, S, ctype)
+    claim(L, cons, res)
+    # the reduction itself is not materialised (its one user is the kernel's)
+    return Val(src.shape, src.dims, _no_load, f"S{L.order[node]}")
+
+
+def _no_load(c: list[str]) -> str:
+    raise AssertionError("a reduction fused with its consumer has no buffer")
