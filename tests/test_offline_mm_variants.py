@@ -82,6 +82,14 @@ EXTRA: dict[str, tuple[str, str, str, str]] = {
         "torch.rand(N) - 0.5",
         "torch.randn(N, M)",
     ),
+    # diag(a) @ B where B has inf and NaN entries and a zeros: 0 * inf is NaN in the product's other rows
+    "diag_nonfinite": (
+        "N = 29\nM = 44\n",
+        "torch.diag(A) @ B",
+        "torch.where(torch.rand(N) < 0.2, torch.zeros(N), torch.rand(N))",
+        "torch.where(torch.rand(N, M) < 0.01, torch.full((N, M), float('inf')), "
+        "torch.where(torch.rand(N, M) < 0.01, torch.full((N, M), float('nan')), torch.rand(N, M)))",
+    ),
 }
 
 
@@ -132,6 +140,7 @@ SPECS: list[tuple[str, dict[str, int], dict[str, int]]] = [
     ("einsum_bmm_sigmoid", {}, {"batch": 2}),
     ("mm_tb_tanh", {}, {"tb": 1}),
     ("diag_gelu", {}, {"diag": 1}),
+    ("diag_nonfinite", {}, {"diag": 1}),
 ]
 _IDS = [
     f"{k.removeprefix('level1/').removesuffix('.py')}-{'-'.join(map(str, s.values()))}" for k, s, _ in SPECS
@@ -168,7 +177,7 @@ def test_variant_matches_eager_on_pocl(
     name = "matmul/row_scale" if dims.get("diag") else "matmul/strided_tiles"
     got, expected = _run(_problem(key, shape, tmp_path), name, "opencl", {})
     assert got.shape == expected.shape
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
 #: sgemm_warp cases: the default tiles, and 64 x 128 ones (more tiles: dead and diagonal ones at small N)
@@ -199,11 +208,16 @@ def test_sgemm_warp_variant_matches_eager_on_the_cpu_emulation(
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 def test_row_scale_float4_on_the_cpu_emulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "load", _emu)
-    for shape in ({"N": 37, "M": 44}, {"N": 13, "M": 45}):  # float4 kernel, then the scalar one
-        got, expected = _run(
-            _problem("level1/matmul_diag.py", shape, tmp_path), "matmul/row_scale", "cuda", {}
-        )
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    cases = [
+        ("level1/matmul_diag.py", {"N": 37, "M": 44}),  # the float4 kernel
+        ("level1/matmul_diag.py", {"N": 13, "M": 45}),  # the scalar one
+        ("diag_nonfinite", {}),  # inf and NaN in B (float4)
+        ("diag_nonfinite", {"M": 43}),  # ... the scalar kernel
+    ]
+    for key, shape in cases:
+        got, expected = _run(_problem(key, shape, tmp_path), "matmul/row_scale", "cuda", {})
+        assert expected.isnan().any() or key != "diag_nonfinite"
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def _nvrtc_ok() -> bool:

@@ -9,8 +9,9 @@ epilogue.
   loads (``BT``), and triangular outputs: tiles entirely outside the band skip the K loop (a product's
   ``tril`` costs about half a GEMM), stores past the diagonal write the epilogue of zero. FFMA only.
 - ``matmul/strided_tiles``: TILE x TILE local-memory tiles over element strides (OpenCL and CUDA; any shape).
-- ``matmul/row_scale``: ``C[m, n] = a[m] * B[m, n]`` (float4 on CUDA where N % 4 == 0). It equals the
-  product wherever B is finite (the other terms are exact zeros).
+- ``matmul/row_scale``: ``C[m, n] = a[m] * B[m, n]`` (float4 on CUDA where N % 4 == 0): the product's other
+  terms are exact zeros, except ``0 * inf`` / ``0 * NaN``: a first pass counts each column's non-finite
+  entries, and an output whose column has one outside its own row is NaN, as in the GEMM.
 """
 
 from __future__ import annotations
@@ -128,24 +129,45 @@ KF_KERNEL void matmul(KF_G const float* KF_R A, KF_G const float* KF_R B, KF_G f
 """
 
 _ROW_SCALE = """{epilogue}
-KF_KERNEL void matmul(KF_G const float* KF_R A, KF_G const float* KF_R B, KF_G float* KF_R C, int M, int N) {{
+#ifndef KF_ISFINITE
+#define KF_ISFINITE(x) (fabsf(x) <= 3.402823466e+38f)   // false for inf and NaN
+#endif
+// bad[n]: the non-finite entries of B's column n (each makes 0 * B[k, n] NaN in the product's other rows)
+KF_KERNEL void matmul_bad(KF_G const float* KF_R B, KF_G int* KF_R bad, int M, int N, int rows) {{
+    const int n = KF_GID0;
+    if (n >= N) return;
+    const int k0 = KF_GRP1 * rows, k1 = min(M, k0 + rows);
+    int c = 0;
+    for (int k = k0; k < k1; ++k) c += KF_FINITE(B[(size_t)k * N + n]) ? 0 : 1;
+    if (c) KF_ATOMIC_ADD(&bad[n], c);
+}}
+
+KF_KERNEL void matmul(KF_G const float* KF_R A, KF_G const float* KF_R B, KF_G const int* KF_R bad,
+                      KF_G float* KF_R C, int M, int N) {{
     const size_t e = (size_t)KF_GID0;
     if (e >= (size_t)M * N) return;
     const int n = (int)(e % N);
-    C[e] = epilogue(A[e / N] * B[e], n);
+    const float x = B[e];
+    C[e] = epilogue(bad[n] - (KF_FINITE(x) ? 0 : 1) > 0 ? KF_NAN : A[e / N] * x, n);
 }}
 """
 
 _ROW_SCALE4 = """
-extern "C" __global__ void matmul4(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N) {
+extern "C" __global__ void matmul4(const float* __restrict__ A, const float* __restrict__ B, const int* __restrict__ bad,
+                                   float* __restrict__ C, int M, int N) {
     const size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x;   // a float4 of a row (N % 4 == 0)
     if (q >= (size_t)M * N / 4) return;
     const size_t e = q * 4;
     const int n = (int)(e % N);
     const float s = __ldg(A + e / N);
     const float4 x = __ldg(reinterpret_cast<const float4*>(B) + q);
-    reinterpret_cast<float4*>(C)[q] = make_float4(epilogue(s * x.x, n), epilogue(s * x.y, n + 1),
-                                                  epilogue(s * x.z, n + 2), epilogue(s * x.w, n + 3));
+    const int* f = bad + n;   // 4 KiB per 1024 columns: L1/L2 resident
+    const float nan = nanf("");
+    reinterpret_cast<float4*>(C)[q] = make_float4(
+        epilogue(__ldg(f + 0) - (KF_ISFINITE(x.x) ? 0 : 1) > 0 ? nan : s * x.x, n),
+        epilogue(__ldg(f + 1) - (KF_ISFINITE(x.y) ? 0 : 1) > 0 ? nan : s * x.y, n + 1),
+        epilogue(__ldg(f + 2) - (KF_ISFINITE(x.z) ? 0 : 1) > 0 ? nan : s * x.z, n + 2),
+        epilogue(__ldg(f + 3) - (KF_ISFINITE(x.w) ? 0 : 1) > 0 ? nan : s * x.w, n + 3));
 }
 """
 
@@ -162,6 +184,9 @@ _MACROS = {
         "KF_GRP2": "get_group_id(2)",
         "KF_GID0": "get_global_id(0)",
         "KF_SYNC": "barrier(CLK_LOCAL_MEM_FENCE)",
+        "KF_ATOMIC_ADD": "atomic_add",
+        "KF_NAN": "NAN",
+        "KF_FINITE": "isfinite",
     },
     "cuda": {
         "KF_KERNEL": 'extern "C" __global__',
@@ -175,6 +200,9 @@ _MACROS = {
         "KF_GRP2": "blockIdx.z",
         "KF_GID0": "(blockIdx.x * blockDim.x + threadIdx.x)",
         "KF_SYNC": "__syncthreads()",
+        "KF_ATOMIC_ADD": "atomicAdd",
+        "KF_NAN": 'nanf("")',
+        "KF_FINITE": "KF_ISFINITE",
     },
 }
 
@@ -213,14 +241,12 @@ return c
 
 def _row_scale(spec: OpSpec, epilogue: str, lang: str) -> Recipe:
     kernel = _lang(_ROW_SCALE.format(epilogue=epilogue), lang)
-    launch = (
-        "self.prog.matmul(a, b, c, M, N, grid=(_cdiv(M * N, p['BLOCK']), 1, 1), block=(p['BLOCK'], 1, 1))"
-    )
+    launch = "self.prog.matmul(a, b, bad, c, M, N, grid=(_cdiv(M * N, p['BLOCK']), 1, 1), block=(p['BLOCK'], 1, 1))"
     if lang == "cuda":
         kernel += _ROW_SCALE4
         launch = (
             "if N % 4 == 0 and _aligned(b, c):\n"
-            "    self.prog.matmul4(a, b, c, M, N, grid=(_cdiv(M * N // 4, p['BLOCK']), 1, 1), block=(p['BLOCK'], 1, 1))\n"
+            "    self.prog.matmul4(a, b, bad, c, M, N, grid=(_cdiv(M * N // 4, p['BLOCK']), 1, 1), block=(p['BLOCK'], 1, 1))\n"
             f"else:\n    {launch}"
         )
     forward = f"""a = a.contiguous()
@@ -228,6 +254,9 @@ b = b.contiguous()
 M = a.shape[0]
 N = b.shape[1]
 c = torch.empty((M, N), dtype=b.dtype, device=b.device)
+bad = torch.zeros((N + 4,), dtype=torch.int32, device=b.device)
+rows = 64
+self.prog.matmul_bad(b, bad, M, N, rows, grid=(_cdiv(N, p['BLOCK']), _cdiv(M, rows), 1), block=(p['BLOCK'], 1, 1))
 {launch}
 return c
 """
@@ -242,7 +271,8 @@ return c
         {"BLOCK": 256},
         rank=8,
         modules=spec.modules,
-        description="diag(a) @ B as a row scale: C[m, n] = a[m] * B[m, n] (memory-bound, no GEMM)",
+        description="diag(a) @ B as a row scale: C[m, n] = a[m] * B[m, n] (memory-bound, no GEMM); NaN where "
+        "another row of B's column n is not finite (0 * inf in the product)",
     )
 
 
