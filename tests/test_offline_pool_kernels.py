@@ -134,6 +134,18 @@ def test_functional_pool_with_an_epilogue_and_a_view(tmp_path: Path) -> None:
         assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), recipe.name
 
 
+def test_epilogue_reading_the_plane_coordinates(tmp_path: Path) -> None:
+    """An elementwise tail with a per-(n, c) operand (broadcast over the pooled plane) applied on store."""
+    problem = _problem(
+        tmp_path, "nn.ReLU()", (2, 3, 14, 13), tail="F.max_pool2d(y, 3, 1, 1) * x[:, :, :1, :1] - 0.5"
+    )
+    for recipe in _graph_recipes(problem):
+        expected, got = _run(problem, recipe)
+        assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6), recipe.name
+    fused = next(r for r in _graph_recipes(problem) if r.name == "graph/fused")
+    assert "const kf_long pc" in fused.kernel and "const int lo" in fused.kernel  # relu(x) a loader
+
+
 def test_window_changed_after_tracing_takes_the_generic_path(tmp_path: Path) -> None:
     problem = _problem(tmp_path, "nn.MaxPool2d(3, stride=2, padding=1)", (2, 2, 13, 12), nan=True)
 

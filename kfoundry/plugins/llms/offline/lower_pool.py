@@ -146,7 +146,7 @@ def _pool(
         f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{decompose('g', dims, coords, 'total')}"
         f"        {generic(coords)}\n        y[g] = {store};\n    }}"
     )
-    if static is not None and x.buffer is not None and x.ctype == "float":
+    if static is not None and x.ctype == "float":
         fast = _specialised(L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of)
         match = " && ".join(
             f"{sym} == {v}"
@@ -174,7 +174,6 @@ def _specialised(
     K, S, P, D = static
     idims = x.dims[lead:]
     od = odims[lead:]
-    xp = L.ptr(str(x.buffer))
     R = ROWS if nd >= 2 and (K[-2] - 1) * D[-2] + 1 > S[-2] else 1
     # spatial item dims: ..., rows / R, columns
     ohb = f"(({od[-2]} + {R - 1}) / {R})" if nd >= 2 else ""
@@ -198,12 +197,14 @@ def _specialised(
     lines = [f"        const int {ov[i]} = {o[i]};" for i in range(nd)]
     lines += [f"        const int {lov[i]} = {ov[i]} * {S[i]} - {P[i]};" for i in range(nd)]
     psize = " * ".join(f"(kf_long){dm}" for dm in idims)
-    lines.append(f"        const KF_G float* xb = {xp} + {qplane} * ({psize});")
+    if x.buffer is not None:  # a contiguous buffer: the plane's base once, taps at constant offsets
+        lines.append(f"        const KF_G float* xb = {L.ptr(x.buffer)} + {qplane} * ({psize});")
     inside = [f"{lov[i]} >= 0 && {lov[i]} + {span[i] - 1} < {idims[i]}" for i in range(nd)]
     if R > 1:
         inside.append(f"{ov[-2]} + {R} <= {od[-2]}")
     fill = "-INFINITY" if kind == "max" else "0.0f"
     accs = [L.fresh("acc") for _ in range(R)]
+    pcoords = [L.fresh("pc") for _ in range(lead)]  # the output's leading coordinates (of the plane)
 
     def fold(a: str, v: str) -> str:
         return f"KF_PMAX({a}, {v});" if kind == "max" else f"{a} += {v};"
@@ -239,10 +240,14 @@ def _specialised(
             rowok = " && ".join(
                 f"(unsigned)({lov[i]} + {t}) < (unsigned){idims[i]}" for i, t in enumerate(combo)
             )
-            out_l.append(f"        {{ const KF_G float* {rv} = xb + ({off});")
+            out_l.append(f"        {{ const KF_G float* {rv} = xb + ({off});" if x.buffer else "        {")
             vals = []
             for kw in range(K[-1]):
-                e = f"{rv}[{kw * D[-1]}]"
+                if x.buffer:
+                    e = f"{rv}[{kw * D[-1]}]"
+                else:  # a loader (a view, an elementwise prologue): evaluated at the tap's coordinates
+                    at = [f"(kf_long)({lov[i]} + {t})" for i, t in enumerate(combo)]
+                    e = x.load([*pcoords, *at, f"(kf_long)({lov[-1]} + {kw * D[-1]})"])
                 if masked:
                     cond = f"(unsigned)({lov[-1]} + {kw * D[-1]}) < (unsigned){idims[-1]}"
                     cond = f"{rowok} && {cond}" if rowok else cond
@@ -258,7 +263,6 @@ def _specialised(
 
     init = "\n".join(f"        float {a} = {fill};" for a in accs)
     # stores: output j of the item (row coordinate + j), its divisor, the epilogue on store
-    pcoords = [L.fresh("pc") for _ in range(lead)]
     ocoords = [f"(kf_long){v}" for v in ov]
 
     def stores(masked: bool) -> str:
