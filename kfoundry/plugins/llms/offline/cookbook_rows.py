@@ -1137,6 +1137,14 @@ def split_rows_vec(spec: OpSpec) -> Recipe | None:
         f"float x; int j = 4 * ce; x = q.x; q.x = {op.out}; x = q.y; ++j; q.y = {op.out}; "
         f"x = q.z; ++j; q.z = {op.out}; x = q.w; ++j; q.w = {op.out};"
     )
+    if spec.affine and "w[j]" in op.out and "b[j]" in op.out:
+        # the affine parameters as float4 too (were two scalar loads per element)
+        o = op.out.replace("w[j]", "wv").replace("b[j]", "bv")
+        out4 = (
+            "const float4 wq = __ldg(reinterpret_cast<const float4*>(w) + ce), "
+            "bq = __ldg(reinterpret_cast<const float4*>(b) + ce); float x, wv, bv; "
+            + " ".join(f"x = q.{c}; wv = wq.{c}; bv = bq.{c}; q.{c} = {o};" for c in "xyzw")
+        )
     ranges = """const int R4 = R >> 2, per4 = (R4 + split - 1) / split;
         const int c0 = chunk * per4, c1 = min(R4, c0 + per4);"""
     sranges = """const int per = (R + split - 1) / split;
@@ -1163,9 +1171,14 @@ def split_rows_vec(spec: OpSpec) -> Recipe | None:
         {sranges}
         for (int r = r0 + threadIdx.x; r < r1; r += BLOCK) {{ float x = __ldg(X + (size_t)o * R + r); int j = r; Y[(size_t)o * R + r] = {op.out}; }}
     }}"""
+    # threads per SM the grid is sized for (one wave): 2048 where a kernel fits in 32 registers a thread;
+    # layer norm's take 36-40 (sm_90), so 1280 (5 blocks of 256, up to 51 registers: no spill at 6): its
+    # 16 x 4M rows took 1056 blocks for 792 slots, two waves with the second a third full
+    tps = 1280 if k == 3 else 2048
     kernel = f"""
 #define NWARPS (BLOCK / 32)
-extern "C" __global__ void __launch_bounds__(BLOCK) rows_partial({c} X, float* __restrict__ P, int outer, int R,
+#define KF_MINB ({tps} / BLOCK > 0 ? {tps} / BLOCK : 1)
+extern "C" __global__ void __launch_bounds__(BLOCK, KF_MINB) rows_partial({c} X, float* __restrict__ P, int outer, int R,
                                                                  int split, int vec4) {{
     {shared}
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1199,7 +1212,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows_partial({c} X, float* _
     }}
 }}
 
-extern "C" __global__ void __launch_bounds__(BLOCK) rows({c} X, {wb}float* __restrict__ Y, {c} P, int outer,
+extern "C" __global__ void __launch_bounds__(BLOCK, KF_MINB) rows({c} X, {wb}float* __restrict__ Y, {c} P, int outer,
                                                          int R, int split, int vec4) {{
     {shared}
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1221,8 +1234,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({c} X, {wb}float* __res
     grid2 = "(1, outer, 1)" if op.reduce else "(split, outer, 1)"
     forward = f"""
 {_dims(spec)}
-vec4 = int(R % 4 == 0 and _aligned(x, y))
-split = max(1, min(256, _cdiv(8 * 132, outer), _cdiv(R, 16 * p['BLOCK'])))
+vec4 = int(R % 4 == 0 and _aligned(x, y{", self.m0.weight, self.m0.bias" if spec.affine else ""}))
+split = max(1, min(256, max(1, {tps} // p['BLOCK']) * 132 // outer, _cdiv(R, 16 * p['BLOCK'])))
 part = torch.empty((outer, split, {k}), dtype=x.dtype, device=x.device)
 self.prog.rows_partial(x, part, outer, R, split, vec4, grid=(split, outer, 1), block=(p['BLOCK'], 1, 1))
 self.prog.rows(x, {wbp}y, part, outer, R, split, vec4, grid={grid2}, block=(p['BLOCK'], 1, 1))

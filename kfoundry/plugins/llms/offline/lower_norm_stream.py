@@ -79,10 +79,17 @@ def stream_normalise(
     if L.lang == "cuda":
         add, xchg, fence = "atomicAdd", "atomicExch", "__threadfence()"
         ld4 = "reinterpret_cast<const float4*>(p)[i]"
+        # the second read is the piece's last use and the output is not read again: both evict-first,
+        # so that they do not push the pieces still waiting for their second read out of L2
+        ld4_last = "__ldcs(reinterpret_cast<const float4*>(p) + i)"
+        st4 = "__stcs(reinterpret_cast<float4*>(o) + i, make_float4({v}))"
+        spin = "__nanosleep(64);"
         zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
     else:
         add, xchg, fence = "atomic_add", "atomic_xchg", "mem_fence(CLK_GLOBAL_MEM_FENCE)"
-        ld4 = "vload4(i, p)"
+        ld4 = ld4_last = "vload4(i, p)"
+        st4 = "KF_STORE4(o, 4 * i, {v})"
+        spin = ""
         zero4 = "(float4)(0.0f, 0.0f, 0.0f, 0.0f)"
     V = f"({PIECE} / (4 * BLOCK))"
 
@@ -115,10 +122,10 @@ def stream_normalise(
             const int len = (int)(left < {P} ? left : {P});
             KF_G const float* p = {xp} + row * (kf_long){inner} + c0;"""
 
-    def loads(arr: str) -> str:
+    def loads(arr: str, ld: str) -> str:
         return (
             f"for (int u = 0; u < {V}; ++u) {{ const int i = t + u * BLOCK; "
-            f"if ({vec} && 4 * i < len) {arr}[u] = {ld4}; "
+            f"if ({vec} && 4 * i < len) {arr}[u] = {ld}; "
             f"else {{ {arr}[u] = {zero4}; if (!{vec}) {{ "
             + " ".join(f"if (4 * i + {k} < len) {arr}[u].{c} = p[4 * i + {k}];" for k, c in enumerate("xyzw"))
             + " } } }"
@@ -143,11 +150,11 @@ def stream_normalise(
         float4 vb[{V}];
         if (j < total) {{
             {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
-            {loads("va")}
+            {loads("va", ld4)}
         }}
         if (k >= 0) {{
             {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
-            {loads("vb")}
+            {loads("vb", ld4_last)}
         }}
         if (j < total) {{  // the statistics of piece j
             {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
@@ -210,7 +217,7 @@ def stream_normalise(
         if (k >= 0) {{  // piece j - D, its row's statistics ready (or soon)
             {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
             if (t == 0) {{
-                while ({add}(ws + 1 + {rows} + row, 0) == 0) {{ }}
+                while ({add}(ws + 1 + {rows} + row, 0) == 0) {{ {spin} }}
                 {fence};
             }}
             KF_BARRIER;
@@ -221,7 +228,7 @@ def stream_normalise(
             for (int u = 0; u < {V}; ++u) {{
                 const int i = t + u * BLOCK;
                 const float4 w = vb[u];
-                if ({vec4}) {{ if (4 * i < len) {{ {chq}KF_STORE4(o, 4 * i, {outs}); }} }}
+                if ({vec4}) {{ if (4 * i < len) {{ {chq}{st4.format(v=outs)}; }} }}
                 else {{ {scal} }}
             }}
         }}
