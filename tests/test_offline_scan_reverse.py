@@ -83,6 +83,7 @@ REVERSE = [
     ("torch.cumsum(x.flip(1), dim=1).flip(0)", (6, 50), 2),  # another dim: not fused
     ("torch.cumsum(x.flip(1), dim=1).flip((0, 1))", (6, 50), 2),  # two dims: not fused
     ("torch.cumsum(x, dim=1)", (3, 200), 1),
+    ("torch.cumprod(1.0 + 0.01 * x, dim=1)", (2, 256), 1),  # whole steps of 128 only
     ("torch.cumsum(x * mask, dim=1)", (4, 333), 1),
     ("torch.cumsum(torch.cat((torch.zeros_like(x[:, :1]), x), dim=1)[:-1], dim=1)", (5, 129), 1),
 ]

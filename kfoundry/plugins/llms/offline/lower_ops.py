@@ -946,7 +946,8 @@ def _warp_scan(
 ) -> str:
     """A row's inclusive scan across a warp: 4 x 32 elements per step (their loads in flight together),
     each 32 scanned by shuffles and added to (multiplied into) the carry, a compensated (Kahan) carry for
-    sums."""
+    sums. The next step's loads are issued before this step's shuffles (software pipelining: a warp's
+    DRAM latency overlaps its own scan, not only other warps')."""
     r0, q = L.fresh("r"), L.fresh("q")
     one, scan = ("1.0f", "kf_wscan_mul") if mul else ("0.0f", "kf_wscan_add")
     step = (
@@ -955,13 +956,22 @@ def _warp_scan(
         else "{ const float yv = kf_wlast(v[u]) - comp; const float tv = carry + yv; comp = (tv - carry) - yv; carry = tv; }"
     )
     out = "carry * v[u]" if mul else "carry + v[u]"
+
+    def fetch(into: str, start: str) -> str:
+        return (
+            f"            #pragma unroll\n"
+            f"            for (int u = 0; u < 4; ++u) {{ const kf_long {q} = {start} + 32 * u + kf_lane; "
+            f"{into}[u] = {q} < (kf_long)({count}) ? ({x(q)}) : {one}; }}\n"
+        )
+
     return (
         f"float carry = {one}, comp = 0.0f; (void)comp;\n"
+        f"        float nv[4];\n        {{\n{fetch('nv', '(kf_long)0')}        }}\n"
         f"        for (kf_long {r0} = 0; {r0} < (kf_long)({count}); {r0} += 128) {{\n"
         f"            float v[4];\n"
         f"            #pragma unroll\n"
-        f"            for (int u = 0; u < 4; ++u) {{ const kf_long {q} = {r0} + 32 * u + kf_lane; "
-        f"v[u] = {q} < (kf_long)({count}) ? ({x(q)}) : {one}; }}\n"
+        f"            for (int u = 0; u < 4; ++u) v[u] = nv[u];\n"
+        f"            if ({r0} + 128 < (kf_long)({count})) {{\n{fetch('nv', f'({r0} + 128)')}            }}\n"
         f"            #pragma unroll\n"
         f"            for (int u = 0; u < 4; ++u) {{\n"
         f"                const kf_long {q} = {r0} + 32 * u + kf_lane;\n"
@@ -1960,4 +1970,3 @@ _MODULE_OPS: dict[str, Callable[[Lowering, fx.Node, nn.Module, str], Val]] = {
 }
 
 __all__ = ["lower_node", "py_value", "reduce", "F"]
-
