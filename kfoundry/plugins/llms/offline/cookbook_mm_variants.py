@@ -103,7 +103,7 @@ KF_KERNEL void matmul(KF_G const float* KF_R A, KF_G const float* KF_R B, KF_G f
     KF_LOCAL float As[TILE][TILE];
     KF_LOCAL float Bs[TILE][TILE + 1];
     const int tx = KF_LID0, ty = KF_LID1;
-    const int n0 = KF_GRP0 * TILE, m0 = KF_GRP1 * TILE, z = KF_GRP2;
+    const int n0 = KF_GRP1 * TILE, m0 = KF_GRP0 * TILE, z = KF_GRP2;   // row tiles on x (no 65535 cap)
     const int n = n0 + tx, m = m0 + ty;
     A += (size_t)z * sa;
     B += (size_t)z * sb;
@@ -219,7 +219,7 @@ def _strided(spec: OpSpec, epilogue: str, lang: str) -> Recipe:
     bk, bn = ("1", "K") if d.get("tb") else ("N", "1")
     forward = f"""{_head(spec)}
 T = p['TILE']
-self.prog.matmul(a, b, c, M, N, K, sa, sb, {am}, {ak}, {bk}, {bn}, dg, grid=(_cdiv(N, T), _cdiv(M, T), nb), block=(T, T, 1))
+self.prog.matmul(a, b, c, M, N, K, sa, sb, {am}, {ak}, {bk}, {bn}, dg, grid=(_cdiv(M, T), _cdiv(N, T), nb), block=(T, T, 1))
 return c
 """
     kernel = _lang(_STRIDED.format(epilogue=epilogue, tri=int(d.get("tri", 0))), lang)
@@ -284,7 +284,8 @@ def recipes(spec: OpSpec, language: str, epilogue: str) -> list[Recipe]:
     if spec.mm.get("diag"):
         out = [_row_scale(spec, epilogue, language)]
     else:
-        out = [_strided(spec, epilogue, language)]
+        # a work-item per output: offered up to 2^28 outputs (32-bit launch margin; the warp tiles above)
+        out = [_strided(spec, epilogue, language)] if spec.numel <= 1 << 28 else []
         if language == "cuda":
             out.append(_sgemm_warp(spec, epilogue))
     try:  # the lowered graph's recipes (ranks 0-2) as well
