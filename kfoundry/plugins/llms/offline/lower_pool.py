@@ -154,7 +154,9 @@ def _pool(
             for sym, v in zip(syms, vals, strict=True)
         )
         text = f"    if ({match}) {{\n{fast}\n    }} else {{\n{text}\n    }}"
-    return L.finish(PMAX[L.lang] + text, ctype, f"S{n}", out, f"{kind}pool", f"_prod(S{n})")
+    return L.finish(
+        PMAX.get(L.lang, PMAX["opencl"]) + text, ctype, f"S{n}", out, f"{kind}pool", f"_prod(S{n})"
+    )
 
 
 def _specialised(
