@@ -350,6 +350,21 @@ class Schedule:
     n_inputs: int = 0
 
 
+@dataclass
+class LetScope:
+    """Temporaries of one statement: ``const float kf_tN = ...;`` lines, and (node, coords) -> name."""
+
+    stmts: list[str] = field(default_factory=list)
+    memo: dict[Any, str] = field(default_factory=dict)  # (node, coords) or a guarded tree's text
+
+    def text(self, indent: str = " " * 12) -> str:
+        return "".join(f"{st}\n{indent}" for st in self.stmts)
+
+
+#: C constructs that evaluate an operand conditionally: loads under them must not be hoisted.
+_GUARDED = re.compile(r"\?|&&|\|\|")
+
+
 def horner(coords: list[str], dims: list[str]) -> str:
     """Row-major flat index of ``coords`` over ``dims``."""
     if not coords:
@@ -423,6 +438,9 @@ class Lowering:
         self.applied: set[fx.Node] = set()
         self.nk = 0
         self.nloop = 0
+        #: let scopes of the expression being built (:meth:`bound_load`); None: inline as a tree
+        self.let_stack: list[LetScope | None] = []
+        self.ntemp = 0
 
     # -- symbols --------------------------------------------------------------------------------
 
@@ -521,12 +539,8 @@ class Lowering:
             )
             return self.finish(text, final_ctype, py_shape, out, tag, f"32 * {work}")
         if self.fuse and final_ctype == "float" and coords and not re.search(r"\b(for|while)\b", inner):
-            # a work item per four elements where the last dimension is a multiple of 4, else per element
-            quads = (
-                f"_cdiv({work}, 4)"
-                if len(out) == 1
-                else f"(_cdiv({work}, 4) if {py_shape}[{len(out) - 1}] % 4 == 0 else {work})"
-            )
+            # a work item per four consecutive elements
+            quads = f"_cdiv({work}, 4)"
             text = self._quads(dims, coords, inner, store, total)
             return self.finish(text, final_ctype, py_shape, out, tag, quads)
         if self.coop:  # ILP elements per thread, a grid-stride apart (their loads in flight together)
@@ -764,26 +778,28 @@ class Lowering:
         return self.finish(text, final_ctype, py_shape, out, tag, work)
 
     def _quads(self, dims: list[str], coords: list[str], inner: str, store: str, total: str) -> str:
-        """A loop-free pointwise body over four consecutive elements per work item: the coordinates are
-        decomposed once per four (where the last dimension is a multiple of 4, so the four share all but the
-        last), their loads in flight together, one 16-byte store; elsewhere one element per item."""
-        quad = decompose("g4", dims, [*coords[:-1], "kf_cq"], "total")
-        one = decompose("g", dims, coords, "total")
-        cond = f"({dims[-1]} & 3) == 0" if len(dims) > 1 else "1"
+        """A loop-free pointwise body over four consecutive elements per work item, whatever the shape: the
+        coordinates of the first are decomposed once (two divisions per four elements, not per element), the
+        next three stepped from it (the last coordinate incremented, a carry where it reaches its size); the
+        four loads in flight together, one 16-byte store (the output is contiguous, ``g4`` a multiple of 4)."""
+        run = [f"kf_r{k}" for k in range(len(coords))]
+        quad = decompose("g4", dims, run, "total").replace("const kf_long", "kf_long")
+        bind = "const kf_long " + ", ".join(f"{c} = {r}" for c, r in zip(coords, run, strict=True)) + ";"
+        step = ""
+        for k in range(len(run)):  # the carry chain, built from the outermost coordinate in
+            step = f"++{run[k]};" if k == 0 else f"if (++{run[k]} == {dims[k]}) {{ {run[k]} = 0; {step} }}"
         return (
             f"    const kf_long total = {total};\n"
-            f"    if ({cond}) {{\n"
             f"    for (kf_long g4 = KF_GID * 4; g4 < total; g4 += KF_GSTRIDE * 4) {{\n{quad}"
             "        float kf_qv[4];\n        #pragma unroll\n        for (int kq = 0; kq < 4; ++kq) {\n"
             "            const kf_long g = g4 + kq;\n            kf_qv[kq] = 0.0f;\n"
-            f"            if (g < total) {{\n            const kf_long {coords[-1]} = kf_cq + kq;\n"
-            f"            {inner}\n            kf_qv[kq] = {store};\n        }} }}\n"
+            f"            if (g < total) {{\n            {bind}\n"
+            f"            {inner}\n            kf_qv[kq] = {store};\n            }}\n"
+            f"            {step}\n        }}\n"
             "        if (g4 + 3 < total) KF_STORE4(y, g4, kf_qv[0], kf_qv[1], kf_qv[2], kf_qv[3]);\n"
             "        else { y[g4] = kf_qv[0]; if (g4 + 1 < total) y[g4 + 1] = kf_qv[1]; "
             "if (g4 + 2 < total) y[g4 + 2] = kf_qv[2]; }\n"
-            "    }\n    } else {\n"
-            f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{one}"
-            f"        {inner}\n        y[g] = {store};\n    }}\n    }}"
+            "    }"
         )
 
     def finish(self, text: str, ctype: str, py_shape: str, out: tuple[int, ...], tag: str, work: str) -> Val:
@@ -846,6 +862,8 @@ class Lowering:
             v = self.value(a)
             if isinstance(v, PyVal):
                 return v.cname or lit(float(v.value))
+            if self.let_stack and self.let_stack[-1] is not None and v.elementwise_node is None:
+                return self._trial(lambda: self.broadcast_load(v, coords, out), bind=True)
             return self.broadcast_load(v, coords, out)
         if isinstance(a, bool) or not isinstance(a, int | float):
             raise GeneratorUnsupported(f"offline generator: operand {a!r} is not a number")
@@ -864,9 +882,62 @@ class Lowering:
         self, node: fx.Node, coords: list[str], out: tuple[int, ...], local: dict[fx.Node, str] | None = None
     ) -> str:
         loc = local or {}
+        scope = self.let_stack[-1] if self.let_stack and not loc else None
+        key = (node, tuple(coords))
+        if scope is not None and key in scope.memo:
+            return scope.memo[key]
         e = node_expr(node, self.gm, lambda a: self.operand(a, coords, out, loc), self.lang)
         assert e is not None
-        return e
+        meta = node.meta.get("tensor_meta")
+        if scope is None or getattr(meta, "dtype", None) != torch.float32 or re.fullmatch(r"[\w.]+", e):
+            return e
+        name = f"kf_t{self.ntemp}"
+        self.ntemp += 1
+        scope.stmts.append(f"const float {name} = {e};")
+        scope.memo[key] = name
+        return name
+
+    def _trial(self, load: Callable[[], str], bind: bool = False) -> str:
+        """``load()`` (a view's or buffer's loader) with its temporaries hoisted into the current let scope
+        where it evaluates its operands unconditionally; else (a cat's guard) inline as a tree, and with
+        ``bind`` (a float operand, needed where the scope's statements stand) that tree bound once."""
+        top = self.let_stack[-1]
+        assert top is not None
+        sub = LetScope(memo=dict(top.memo))
+        self.let_stack.append(sub)
+        try:
+            e = load()
+        finally:
+            self.let_stack.pop()
+        if not _GUARDED.search(e):
+            top.stmts += sub.stmts
+            top.memo = sub.memo
+            return e
+        self.let_stack.append(None)
+        try:
+            e = load()
+        finally:
+            self.let_stack.pop()
+        if not bind:
+            return e
+        if e not in top.memo:
+            top.memo[e] = name = f"kf_t{self.ntemp}"
+            self.ntemp += 1
+            top.stmts.append(f"const float {name} = {e};")
+        return top.memo[e]
+
+    def bound_load(self, v: Val, coords: list[str], indent: str = " " * 12) -> tuple[str, str]:
+        """(statements, expression) of ``v`` at ``coords``: every float elementwise value of its DAG computed
+        once into a ``const float kf_tN`` (a value used N times is emitted once, not N times as a tree).
+        The statements go right before the expression's use, where ``coords`` are in scope and the value is
+        needed unconditionally (not under a loop over other coordinates or a guard)."""
+        scope = LetScope()
+        self.let_stack.append(scope)
+        try:
+            e = self._trial(lambda: v.load(coords)) if v.elementwise_node is None else v.load(coords)
+        finally:
+            self.let_stack.pop()
+        return scope.text(indent), e
 
     # -- the walk ---------------------------------------------------------------------------------
 
@@ -956,9 +1027,16 @@ class Lowering:
                 out, dims, lambda c: self.elementwise_expr(node, c, out), f"S{n}", elementwise_node=node
             )
             return
-        self.vals[node] = self.emit_pointwise(
-            out, f"S{n}", lambda c: f"float acc = {self.elementwise_expr(node, c, out)};", "ew"
-        )
+        self.vals[node] = self.emit_pointwise(out, f"S{n}", lambda c: self._bound_acc(node, c, out), "ew")
+
+    def _bound_acc(self, node: fx.Node, coords: list[str], out: tuple[int, ...]) -> str:
+        scope = LetScope()
+        self.let_stack.append(scope)
+        try:
+            e = self.elementwise_expr(node, coords, out)
+        finally:
+            self.let_stack.pop()
+        return f"{scope.text()}float acc = {e};"
 
     def output(self, arg: Any) -> None:
         if not isinstance(arg, fx.Node):
@@ -970,9 +1048,12 @@ class Lowering:
         if v.buffer is not None and v.buffer.startswith("b"):
             self.sched.output = f"{v.buffer}.reshape(S{n})"
             return
-        val = self.emit_pointwise(
-            v.shape, v.py_shape, lambda c: f"{v.ctype} acc = {v.load(c)};", "out", v.ctype
-        )
+
+        def body(c: list[str]) -> str:
+            lets, e = self.bound_load(v, c)
+            return f"{lets}{v.ctype} acc = {e};"
+
+        val = self.emit_pointwise(v.shape, v.py_shape, body, "out", v.ctype)
         self.sched.output = str(val.buffer)
 
 
