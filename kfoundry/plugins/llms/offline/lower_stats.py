@@ -3,11 +3,13 @@
 Batch, instance and group norm (and layer norm over trailing dims) reduce rows made of ``outer``
 contiguous runs of ``inner`` elements, ``mid * inner`` apart (batch norm: ``outer`` = N, a run is one
 image's channel; instance and group norm: one run per row). Each run is cut into pieces of
-:data:`PIECE` elements; a work-group reads a piece (128-bit loads where the run's length allows) and
-sums ``x - shift`` and its square, ``shift`` being the row's first element (the shifted-data
-algorithm: no cancellation when the mean is far from zero), then merges them in a local-memory tree.
-Two small kernels add a row's pieces into its mean and variance. One read of the input for the
-statistics, instead of two passes with a division per element.
+:data:`PIECE` elements; a work-group reads a piece (128-bit loads where the run's length allows), sums
+``x - shift`` and its square (``shift`` the piece's first element: no cancellation when the mean is far
+from zero) in a local-memory tree and publishes the piece's (mean, M2). A work-group per row merges its
+pieces (Chan et al., a fixed order: deterministic) into the row's mean and variance. :func:`normalise`
+then writes the output over the same pieces (mean and 1/std loaded once per work-group, no division per
+element but the group norm channel's, one per float4), last piece first; where rows are one run each
+and short enough for L2, ``lower_norm_stream`` does all of it in one kernel that reads x once.
 """
 
 from __future__ import annotations
