@@ -7,6 +7,7 @@ PyTorch in float64; the CUDA source is compiled with nvcc for sm_90 where nvcc i
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -128,3 +129,52 @@ def test_cuda_source_compiles_sm90(tmp_path: Path) -> None:
             check=False,
         )
         assert res.returncode == 0, res.stderr
+
+
+#: three full reductions combined (sum, mean, a size factor, a difference, a negation)
+LOSSES = '''import torch
+import torch.nn as nn
+
+a = 7
+b = 11
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, y):
+        s = torch.sum(x * y) / x.shape[0]
+        return torch.mean(torch.exp(-x.abs())) - 0.5 * s + (-(y * y).mean()) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(a, b), torch.rand(a, b)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _passes(kernel: str) -> int:
+    """How many kernels read the first input (buf0)."""
+    return len(re.findall(r"KF_KERNEL \w+\([^)]*\bbuf0\b", kernel))
+
+
+@pytest.mark.parametrize("name", ["graph/fused", "graph/fused_coop", "graph/unfused"])
+def test_sum_of_full_reductions_is_one_pass(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "losses.py"
+    path.write_text(LOSSES)
+    for dims in ({"a": 7, "b": 11}, {"a": 300, "b": 130}):
+        problem, recipe = _recipe(path, dims, name)
+        if name != "graph/unfused":
+            assert _passes(recipe.kernel) == 1, recipe.kernel
+        _run(problem, recipe)
+
+
+@pytest.mark.parametrize("dims", [{"batch_size": 7, "classes": 11}, {"batch_size": 64, "classes": 300}])
+def test_bce_losses_one_pass(dims: dict[str, int]) -> None:
+    problem, recipe = _recipe(DATA / "level1/binary_cross_entropy_losses.py", dims, "graph/fused")
+    assert _passes(recipe.kernel) == 1, recipe.kernel  # was three: one per loss
+    _run(problem, recipe)

@@ -860,8 +860,9 @@ class Lowering:
             if a in local:
                 return local[a]
             v = self.value(a)
-            if isinstance(v, PyVal):
-                return v.cname or lit(float(v.value))
+            if isinstance(v, PyVal):  # a size computed in forward reaches the kernel as an argument
+                fwd = re.fullmatch(r"P\d+", v.expr) and isinstance(v.value, int | float)
+                return v.cname or (self.fsym(f"{v.expr}") if fwd else lit(float(v.value)))
             if self.let_stack and self.let_stack[-1] is not None and v.elementwise_node is None:
                 return self._trial(lambda: self.broadcast_load(v, coords, out), bind=True)
             return self.broadcast_load(v, coords, out)

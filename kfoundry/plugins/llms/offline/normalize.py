@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.plugins.llms.offline.normalize_forms import rewrite_forms
+from kfoundry.plugins.llms.offline.normalize_ops import merge_full_reductions
 
 __all__ = ["normalize", "with_shapes"]
 
@@ -205,6 +206,7 @@ def with_shapes(gm: fx.GraphModule) -> bool:
             node.replace_all_uses_with(new)
             graph.erase_node(node)
             changed = True
+    changed |= merge_full_reductions(gm)
     if changed:
         graph.lint()
         gm.recompile()

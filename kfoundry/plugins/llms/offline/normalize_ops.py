@@ -204,3 +204,114 @@ COMPOSITIONS: dict[Any, Make] = {
     F.binary_cross_entropy: _bce,
     F.soft_margin_loss: _soft_margin,
 }
+
+
+# -- sums of full reductions ---------------------------------------------------------------------
+
+_FULL = {torch.sum: "sum", torch.mean: "mean", "sum": "sum", "mean": "mean"}
+
+
+def _meta_shape(n: Any) -> tuple[int, ...] | None:
+    meta = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
+    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+
+
+def _is_number(a: Any) -> bool:
+    """A factor of a linear form: a Python number or a traced Python value (a size), not a tensor."""
+    if isinstance(a, fx.Node):
+        return _meta_shape(a) is None and a.op != "placeholder" and not a.meta.get("tensor_meta")
+    return isinstance(a, int | float) and not isinstance(a, bool)
+
+
+def _linear(n: fx.Node, inner: list[fx.Node]) -> list[tuple[fx.Node, str, list[tuple[Any, Any]]]] | None:
+    """``n`` as a sum of full reductions ``[(input, sum|mean, [(op, factor)...])]`` (products and quotients
+    by numbers, negation, sums and differences); the tree's nodes other than the reductions' inputs go to
+    ``inner``. None where ``n`` is anything else."""
+    target = n.target if n.op == "call_function" else n.target if n.op == "call_method" else None
+    kind = _FULL.get(target) if isinstance(target, str) or callable(target) else None
+    if kind and len(n.args) == 1 and not n.kwargs and isinstance(n.args[0], fx.Node):
+        inner.append(n)
+        return [(n.args[0], kind, [])]
+    if n.op != "call_function":
+        return None
+    a = n.args
+    if n.target in (operator.add, operator.sub, torch.add, torch.sub) and len(a) == 2 and not n.kwargs:
+        if not all(isinstance(x, fx.Node) and _meta_shape(x) == () for x in a):
+            return None
+        left, right = _linear(a[0], inner), _linear(a[1], inner)
+        if left is None or right is None:
+            return None
+        if n.target in (operator.sub, torch.sub):
+            right = [(x, k, [*f, (operator.neg, None)]) for x, k, f in right]
+        inner.append(n)
+        return left + right
+    if n.target in (operator.mul, torch.mul, operator.truediv, torch.div) and len(a) == 2 and not n.kwargs:
+        div = n.target in (operator.truediv, torch.div)
+        for t, k in ((a[0], a[1]), (a[1], a[0])) if not div else ((a[0], a[1]),):
+            if isinstance(t, fx.Node) and _meta_shape(t) == () and _is_number(k):
+                terms = _linear(t, inner)
+                if terms is None:
+                    return None
+                op = operator.truediv if div else operator.mul
+                inner.append(n)
+                return [(x, kd, [*f, (op, k)]) for x, kd, f in terms]
+        return None
+    if n.target in (operator.neg, torch.neg) and len(a) == 1 and isinstance(a[0], fx.Node):
+        terms = _linear(a[0], inner)
+        if terms is None:
+            return None
+        inner.append(n)
+        return [(x, k, [*f, (operator.neg, None)]) for x, k, f in terms]
+    return None
+
+
+def merge_full_reductions(gm: fx.GraphModule) -> bool:
+    """A scalar sum of full reductions of same-shaped float tensors (``mean(l1) + 0.5 * sum(l2) / n +
+    mean(l3)``: three losses) as one reduction of their elementwise combination (``sum(l1 / N + 0.5 *
+    l2 / n + l3 / N)``, ``N`` the traced element count; ``mean`` where all are means): one pass over the
+    inputs, not one per loss. Needs the propagated shapes; True if the graph changed."""
+    graph, changed = gm.graph, False
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or node.target not in (operator.add, operator.sub, torch.add, torch.sub):
+            continue
+        if _meta_shape(node) != () or node.graph is not graph or node not in graph.nodes:
+            continue
+        inner: list[fx.Node] = []
+        terms = _linear(node, inner)
+        if terms is None or len(terms) < 2:
+            continue
+        shapes = {_meta_shape(x) for x, _, _ in terms}
+        dtypes = {getattr(x.meta.get("tensor_meta"), "dtype", None) for x, _, _ in terms}
+        if len(shapes) != 1 or None in shapes or dtypes != {torch.float32}:
+            continue
+        if len(set(inner)) != len(inner) or any(len(m.users) != 1 for m in inner if m is not node):
+            continue  # a partial result read elsewhere: merging would not save its pass
+        kinds = {k for _, k, _ in terms}
+        rank = len(next(iter(shapes)) or ())
+        with graph.inserting_before(node):
+            acc: fx.Node | None = None
+            for x, k, factors in terms:
+                e: fx.Node = x
+                if k == "mean" and len(kinds) > 1:
+                    count: Any = 1
+                    for d in range(rank):
+                        size = graph.call_method("size", (x, d))
+                        count = size if d == 0 else graph.call_function(operator.mul, (count, size))
+                    e = graph.call_function(operator.truediv, (e, count))
+                neg = False
+                for op, f in factors:
+                    if op is operator.neg:
+                        neg = not neg
+                    else:
+                        e = graph.call_function(op, (e, f))
+                if acc is None:
+                    acc = graph.call_function(operator.neg, (e,)) if neg else e
+                else:
+                    acc = graph.call_function(operator.sub if neg else operator.add, (acc, e))
+            new = graph.call_function(torch.mean if kinds == {"mean"} else torch.sum, (acc,))
+        node.replace_all_uses_with(new)
+        for m in reversed(inner):
+            if not m.users:
+                graph.erase_node(m)
+        changed = True
+    return changed
