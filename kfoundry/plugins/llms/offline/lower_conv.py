@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
+from kfoundry.plugins.llms.offline.index_width import fits_int32
 from kfoundry.plugins.llms.offline.lower import Val, horner
 
 if TYPE_CHECKING:
@@ -126,6 +127,8 @@ def emit_conv_gemm(
     P, KV = _prod(os_), _prod(ks)
     cin_g, cout_g = (f"({cin} / {G})", w.dims[1]) if transposed else (w.dims[1], f"({cout} / {G})")
     wp = L.ptr(str(w.buffer))
+    # offsets from a thread's hoisted filter row in 32 bits where the whole filter fits (index_width)
+    wi = "int" if fits_int32(math.prod(w.shape)) else "kf_long"
     xs_flat = _prod(xs)
     tn, on, un = [f"t{d}" for d in range(nd)], [f"o{d}" for d in range(nd)], [f"u{d}" for d in range(nd)]
     nf = 3 + nd  # table fields: ci, input offset, flat tap, displacement per dim
@@ -161,7 +164,8 @@ def emit_conv_gemm(
         {" ".join(f"const int {o} = r{d} + {st[d]} * {u};" for d, (o, u) in enumerate(zip(on, un, strict=True)))}
         jok = j < PC && {" && ".join(f"{o} < {os_[d]}" for d, o in enumerate(on))};
         {" ".join(f"jb{d} = {u};" for d, u in enumerate(un))}"""
-        a_load = f"{wp}[((kf_long)(g * {cin_g} + kt[kbuf][0][tx]) * {cout_g} + m) * {KV} + kt[kbuf][2][tx]]"
+        w_base = f"((kf_long)g * {cin_g} * {cout_g} + i0 + ty) * {KV}"
+        a_load = f"wr[({wi})kt[kbuf][0][tx] * ({cout_g} * {KV}) + l * (16 * {KV}) + kt[kbuf][2][tx]]"
         cols = "PC"
     else:
         head = f"""    const int nb = bz / {G}, g = bz - nb * {G};
@@ -177,7 +181,8 @@ def emit_conv_gemm(
         jok = j < {P};
         {_unflat_int("j", os_, on)}
         {" ".join(f"jb{d} = {o} * {st[d]} - {pd[d]};" for d, o in enumerate(on))}"""
-        a_load = f"{wp}[(kf_long)(g * {cout_g} + m) * KK + ka]"
+        w_base = f"(kf_long)(g * {cout_g} + i0 + ty) * KK"
+        a_load = f"wr[({wi})l * (16 * KK) + ka]"
         cols = P
     fill = f"""{{
             const int e = tid, kq = kfill + e;
@@ -187,8 +192,10 @@ def emit_conv_gemm(
     pos = [f"(jb{d} + kt[kbuf][{3 + d}][kr])" for d in range(nd)]
     checks = " && ".join(f"{q} >= 0 && {q} < {xs[d]}" for d, q in enumerate(pos))
     if x.buffer is not None:  # the column's base offset plus the tap's
-        x_load = f"{L.ptr(x.buffer)}[xb + colb + kt[kbuf][1][kr]]"
+        x_load = "xg[colb + kt[kbuf][1][kr]]"
+        xg_decl = f"    KF_G const float* xg = {L.ptr(x.buffer)} + xb;\n"
     else:  # a prologue-fused value: its loader at the (64-bit) coordinates
+        xg_decl = ""
         chan = f"(g * {cin_g} + kt[kbuf][0][kr])"
         x_load = x.load(["(kf_long)nb", f"(kf_long){chan}", *[f"(kf_long){q}" for q in pos]])
     load = f"""        #pragma unroll
@@ -232,8 +239,8 @@ def emit_conv_gemm(
 #endif
 """
     )
-    text = f"""    KF_LOCAL float As[16][16 * CM + 4];
-    KF_LOCAL float Bs[16][16 * CN + 4];
+    text = f"""    KF_LOCAL float As[2][16][16 * CM + 4];
+    KF_LOCAL float Bs[2][16][16 * CN + 4];
     KF_LOCAL int kt[2][{nf}][16];
     const int tx = KF_LID(0), ty = KF_LID(1), tid = ty * 16 + tx;
     const int j0 = (int)KF_GRP(0) * (16 * CN), i0 = (int)KF_GRP(1) * (16 * CM);
@@ -246,6 +253,7 @@ def emit_conv_gemm(
         {col}
         colb = {horner([f"jb{d}" for d in range(nd)], xs)};
     }}
+{xg_decl}    KF_G const float* wr = {wp} + {w_base};
     if (tid < 16) {{
         const int kfill = 0, kfb = 0;
         {fill}
@@ -262,38 +270,53 @@ def emit_conv_gemm(
         const int k0 = 0, kbuf = 0;
 {load}
     }}
+    #pragma unroll
+    for (int l = 0; l < CM; ++l) As[0][tx][ty + 16 * l] = ra[l];
+    #pragma unroll
+    for (int l = 0; l < CN; ++l) Bs[0][bk + l * (16 / CN)][bj] = rb[l];
+    if (tid < 16 && 16 < KK) {{
+        const int kfill = 16, kfb = 1;
+        {fill}
+    }}
+    KF_BARRIER;
+    // step s multiplies tile buffer s & 1 while step s + 1's loads (tap table (s + 1) & 1, filled a
+    // step ahead) are in flight; they are stored to the other buffer, last read before the previous
+    // barrier, and the tap table of step s + 2 is filled into the one step s used: one barrier a step
     int s = 0;
     for (int k0s = 0; k0s < KK; k0s += 16, ++s) {{
-        #pragma unroll
-        for (int l = 0; l < CM; ++l) As[tx][ty + 16 * l] = ra[l];
-        #pragma unroll
-        for (int l = 0; l < CN; ++l) Bs[bk + l * (16 / CN)][bj] = rb[l];
-        if (tid < 16 && k0s + 16 < KK) {{
-            const int kfill = k0s + 16, kfb = (s + 1) & 1;
-            {fill}
-        }}
-        KF_BARRIER;
-        if (k0s + 16 < KK) {{
-            const int k0 = k0s + 16, kbuf = (s + 1) & 1;
+        const int cur = s & 1;
+        const int more = k0s + 16 < KK;
+        if (more) {{
+            const int k0 = k0s + 16, kbuf = cur ^ 1;
 {load}
         }}
         #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {{
             float av[CM], bv[CN];
-{_vec_read(lang, "av", "As[kk]", "ty * CM", "CM")}
+{_vec_read(lang, "av", "As[cur][kk]", "ty * CM", "CM")}
 #if CN >= 4
             #pragma unroll
             for (int q = 0; q < CN; q += 4) {{
-                {_ld4(lang, "Bs[kk][(q / 4) * 64 + tx * 4]")}
+                {_ld4(lang, "Bs[cur][kk][(q / 4) * 64 + tx * 4]")}
                 bv[q] = t4.x; bv[q + 1] = t4.y; bv[q + 2] = t4.z; bv[q + 3] = t4.w;
             }}
 #else
-{_vec_read(lang, "bv", "Bs[kk]", "tx * CN", "CN")}
+{_vec_read(lang, "bv", "Bs[cur][kk]", "tx * CN", "CN")}
 #endif
             #pragma unroll
             for (int r = 0; r < CM; ++r) {{
                 #pragma unroll
                 for (int c = 0; c < CN; ++c) accv[r][c] = KF_CFMA(av[r], bv[c], accv[r][c]);
+            }}
+        }}
+        if (more) {{
+            #pragma unroll
+            for (int l = 0; l < CM; ++l) As[cur ^ 1][tx][ty + 16 * l] = ra[l];
+            #pragma unroll
+            for (int l = 0; l < CN; ++l) Bs[cur ^ 1][bk + l * (16 / CN)][bj] = rb[l];
+            if (tid < 16 && k0s + 32 < KK) {{
+                const int kfill = k0s + 32, kfb = cur;
+                {fill}
             }}
         }}
         KF_BARRIER;
