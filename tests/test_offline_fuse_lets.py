@@ -132,7 +132,7 @@ def test_cuda_source_compiles_sm90(tmp_path: Path) -> None:
 
 
 #: three full reductions combined (sum, mean, a size factor, a difference, a negation)
-LOSSES = '''import torch
+LOSSES = """import torch
 import torch.nn as nn
 
 a = 7
@@ -154,7 +154,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def _passes(kernel: str) -> int:

@@ -272,7 +272,12 @@ def merge_full_reductions(gm: fx.GraphModule) -> bool:
     inputs, not one per loss. Needs the propagated shapes; True if the graph changed."""
     graph, changed = gm.graph, False
     for node in reversed(list(graph.nodes)):
-        if node.op != "call_function" or node.target not in (operator.add, operator.sub, torch.add, torch.sub):
+        if node.op != "call_function" or node.target not in (
+            operator.add,
+            operator.sub,
+            torch.add,
+            torch.sub,
+        ):
             continue
         if _meta_shape(node) != () or node.graph is not graph or node not in graph.nodes:
             continue
