@@ -84,7 +84,8 @@ def test_real_sizes_take_the_split(key: str) -> None:
 @pytest.mark.parametrize("name", ["graph/fused", "graph/fused_coop", "graph/unfused"])
 def test_one_pass_logsumexp_matches_torch_with_infinities(name: str) -> None:
     problem, recipe = _recipe("level1/logsumexp_dim.py", {"batch_size": 7, "dim": 300}, name)
-    assert "mx = v;" in recipe.kernel  # the running max of the one-pass form
+    # the running max of the one-pass form (one value per step, or eight loads in flight per step)
+    assert "mx = v;" in recipe.kernel or "mx = mn;" in recipe.kernel
     namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
     exec(compile(recipe.render(), recipe.name, "exec"), namespace)
     model = namespace["ModelNew"](*problem.make_init_inputs())

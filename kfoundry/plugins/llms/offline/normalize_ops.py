@@ -236,9 +236,12 @@ def _linear(n: fx.Node, inner: list[fx.Node]) -> list[tuple[fx.Node, str, list[t
         return None
     a = n.args
     if n.target in (operator.add, operator.sub, torch.add, torch.sub) and len(a) == 2 and not n.kwargs:
-        if not all(isinstance(x, fx.Node) and _meta_shape(x) == () for x in a):
+        l_node, r_node = a
+        if not (isinstance(l_node, fx.Node) and isinstance(r_node, fx.Node)):
             return None
-        left, right = _linear(a[0], inner), _linear(a[1], inner)
+        if _meta_shape(l_node) != () or _meta_shape(r_node) != ():
+            return None
+        left, right = _linear(l_node, inner), _linear(r_node, inner)
         if left is None or right is None:
             return None
         if n.target in (operator.sub, torch.sub):
