@@ -61,8 +61,8 @@ class DeviceLane:
         if handle is None or not self.releasable:
             yield False
             return
+        start = time.time()  # before the unlock: another job may take the lane at once
         fcntl.flock(handle, fcntl.LOCK_UN)
-        start = time.time()
         try:
             yield True
         finally:
