@@ -194,13 +194,15 @@ def _pick(
 ) -> list[Any]:
     """The recipes to time, highest rank first: those the warm-up found correct (every one where it did
     not look), the top ``top`` and the naive one if ``top``; the rest go into the row's notes. A correct
-    recipe whose one warm-up run (build included) took over ``slow_s`` is not timed (``slow`` note)."""
+    recipe whose call in the warm-up took over ``slow_s`` is not timed (``slow`` note): its second call's
+    seconds where the warm-up made one (``run_s``, the build left out), else its first (build included)."""
     verdicts = outcome.verdicts if outcome else {}
     keep = []
     for recipe in sorted(recipes, key=lambda r: -r.rank):
         v = verdicts.get(recipe.name)
-        if v is not None and v["status"] == "correct" and v.get("s", 0.0) > slow_s:
-            row.setdefault("slow", []).append(f"{recipe.name} ({v['s']:.0f} s in the warm-up)")
+        took = v.get("run_s", v.get("s", 0.0)) if v is not None else 0.0
+        if v is not None and v["status"] == "correct" and took > slow_s:
+            row.setdefault("slow", []).append(f"{recipe.name} ({took:.0f} s a call in the warm-up)")
         elif v is None or v["status"] in ("correct", "unchecked"):
             keep.append(recipe)
         elif v["status"] == "wrong":

@@ -157,3 +157,25 @@ def test_a_reference_that_writes_its_inputs_hands_the_recipes_fresh_ones(tmp_pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # the recipes were checked on the inputs eager saw (not on the doubled ones): a correct kernel
     assert "1/1 problems with a correct kernel" in done.stdout, done.stdout[-3000:]
+
+
+def test_slow_recipes_are_judged_by_their_call_not_their_build() -> None:
+    """``--slow-s`` leaves out a recipe whose second warm-up call was slow, not one whose build was."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench import _pick
+    from kernelbench_warm import Outcome
+
+    class R:
+        def __init__(self, name: str, rank: int) -> None:
+            self.name, self.rank = name, rank
+
+    recipes = [R("slow_build", 3), R("slow_kernel", 2), R("fast", 1)]
+    verdicts = {
+        "slow_build": {"status": "correct", "s": 14.0, "run_s": 0.003},
+        "slow_kernel": {"status": "correct", "s": 19.0, "run_s": 18.0},
+        "fast": {"status": "correct", "s": 0.2},
+    }
+    row: dict[str, object] = {}
+    picked = _pick(recipes, Outcome(verdicts=verdicts), row, 0, True, 5.0)
+    assert [r.name for r in picked] == ["slow_build", "fast"]
+    assert row["slow"] == ["slow_kernel (18 s a call in the warm-up)"]
