@@ -37,9 +37,16 @@ def _loads(spec: OpSpec, index: str) -> str:
     return " ".join(f"float v{k} = in{k}[{index}];" for k in range(len(spec.input_shapes)))
 
 
+def _scalar_expr(spec: OpSpec, lang: str) -> str:
+    """The chain as one scalar C expression, its intermediate values bound once where the spec can."""
+    assert spec.expr is not None
+    return (spec.expr_lets or spec.expr)(lang)
+
+
 def opencl_recipes(spec: OpSpec) -> list[Recipe]:
     assert spec.expr is not None
-    expr = spec.expr("opencl")
+    expr = _scalar_expr(spec, "opencl")
+    vector_expr = spec.expr("opencl")  # vector arithmetic: no scalar temporaries
     sig = _sig(spec, "opencl")
     out: list[Recipe] = []
     naive = f"""{prelude(expr, "opencl")}
@@ -116,7 +123,7 @@ __kernel void elementwise({sig}) {{
         if (c * VW >= n) return;
         if (c * VW + VW > n) {{ {stail} return; }}
         {vloads}
-        VSTOREV({expr}, c, Y);
+        VSTOREV({vector_expr}, c, Y);
     }}
 }}
 """
@@ -131,7 +138,7 @@ __kernel void elementwise({sig}) {{
             TunableSpace(params={"VW": vws, "WPT": [1, 2, 4, 8, 16], "BLOCK_X": [1, 4, 16, 64]}),
             {"VW": vws[-1], "WPT": 4, "BLOCK_X": 16},
             rank=2,
-            sycl_ok="?" not in expr,
+            sycl_ok="?" not in vector_expr,
             description="the fused chain evaluated in vector arithmetic (vector math functions)",
         )
     )
@@ -139,8 +146,7 @@ __kernel void elementwise({sig}) {{
 
 
 def cuda_recipes(spec: OpSpec) -> list[Recipe]:
-    assert spec.expr is not None
-    expr = spec.expr("cuda")
+    expr = _scalar_expr(spec, "cuda")
     sig = _sig(spec, "cuda")
     out: list[Recipe] = []
     naive = f"""

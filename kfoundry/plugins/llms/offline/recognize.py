@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ class OpSpec:
     output_shape: list[int]
     #: ``lang -> C expression``: elementwise body over ``v0, v1, ...`` or the epilogue over ``v``.
     expr: Callable[[str], str] | None = None
+    #: The same with every intermediate value bound once (``let_block``): a chain that uses a value
+    #: several times (``nan_to_num``, clamps, ``where``) stays linear in size instead of growing
+    #: exponentially; scalar C only (not Triton, not OpenCL vector arithmetic).
+    expr_lets: Callable[[str], str] | None = None
     # matmul
     M: int = 0
     N: int = 0
@@ -301,9 +306,25 @@ def _graph(t: _Trace) -> OpSpec:
     )
 
 
-def _expr_over(t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: str) -> str:
-    """C expression of ``t.out`` over the nodes in ``names`` (placeholders or the anchor)."""
+def let_block(lang: str, lets: list[str], result: str) -> str:
+    """One C expression that binds ``lets`` (``const float t = ...;`` statements) then yields ``result``:
+    a GNU statement expression in OpenCL C (clang), an immediately called lambda in CUDA (NVRTC takes
+    no statement expressions); both inline to straight-line code."""
+    if not lets:
+        return result
+    body = " ".join(lets)
+    if lang == "cuda":
+        return f"([&]() -> float {{ {body} return {result}; }}())"
+    return f"({{ {body} ({result}); }})"
+
+
+def _expr_over(
+    t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: str, lets: bool = False
+) -> str:
+    """C expression of ``t.out`` over the nodes in ``names`` (placeholders or the anchor); ``lets``: each
+    intermediate node's value bound once to a temporary (see :func:`let_block`)."""
     exprs: dict[fx.Node, str] = dict(names)
+    bound: list[str] = []
 
     def operand(a: Any) -> str:
         if isinstance(a, fx.Node):
@@ -326,8 +347,36 @@ def _expr_over(t: _Trace, names: dict[fx.Node, str], start: set[fx.Node], lang: 
             raise GeneratorUnsupported(
                 f"offline generator: op {node.target} after the main op is not elementwise"
             )
+        if lets and node is not t.out:
+            bound.append(e)
+            e = f"kf_t{len(bound) - 1}"
         exprs[node] = e
-    return exprs[t.out]
+    return _inline_single_uses(lang, bound, exprs[t.out])
+
+
+_TEMP = re.compile(r"\bkf_t(\d+)\b")
+
+
+def _inline_single_uses(lang: str, values: list[str], result: str) -> str:
+    """``values[k]`` bound to ``kf_t<k>``: those used more than once stay bound (``let_block``), the rest
+    are written in place (a chain without reuse comes out exactly as the plain expression)."""
+    uses = [0] * len(values)
+    for text in [*values, result]:
+        for m in _TEMP.finditer(text):
+            uses[int(m.group(1))] += 1
+    text_of: dict[int, str] = {}
+
+    def expand(text: str) -> str:
+        return _TEMP.sub(lambda m: text_of.get(int(m.group(1)), m.group(0)), text)
+
+    lets = []
+    for k, value in enumerate(values):
+        value = expand(value)
+        if uses[k] > 1:
+            lets.append(f"const float kf_t{k} = {value};")
+        else:
+            text_of[k] = value
+    return let_block(lang, lets, expand(result))
 
 
 def _elementwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
@@ -343,6 +392,7 @@ def _elementwise(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
         input_shapes=shapes,
         output_shape=out,
         expr=lambda lang: _expr_over(t, names, set(), lang),
+        expr_lets=lambda lang: _expr_over(t, names, set(), lang, lets=True),
     )
 
 
