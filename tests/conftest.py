@@ -12,5 +12,18 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module")
+def pocl_runtime() -> None:
+    """``kfoundry.runtime``'s backend set to OpenCL (PoCL here) for a module's kernels."""
+    from kfoundry.core.plugins import get_plugin
+    from kfoundry.runtime import set_backend
+
+    backend = get_plugin("backend", "opencl").build({})
+    backend.require_device()
+    set_backend(backend)

@@ -17,11 +17,10 @@ import pytest
 import torch
 
 import kfoundry.runtime as runtime
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, set_backend, synchronize
+from kfoundry.runtime import load, synchronize
 
 _SRC = """import torch
 import torch.nn as nn
@@ -58,10 +57,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 def _problem(tmp_path: Path, case: tuple) -> Path:

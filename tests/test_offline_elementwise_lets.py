@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.backends.cuda_compile import nvrtc_available
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, set_backend, synchronize
+from kfoundry.runtime import load, synchronize
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 #: the first reuses values (nan_to_num of a log, nested clamps); the others' plain text is already linear
@@ -32,13 +31,6 @@ def _problem(key: str) -> Any:
     return load_problem(DATA / key, {k: v for k, v in SMALL.items() if k in problem.shapes})
 
 
-@pytest.fixture(scope="module")
-def pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
-
-
 @pytest.mark.parametrize("key", CHAINS)
 def test_chains_bind_each_value_once(key: str) -> None:
     spec = OfflineGenerator().spec(_problem(key).summary())
@@ -51,7 +43,7 @@ def test_chains_bind_each_value_once(key: str) -> None:
 
 
 @pytest.mark.parametrize("key", CHAINS)
-def test_opencl_recipes_match_torch(pocl: None, key: str) -> None:
+def test_opencl_recipes_match_torch(pocl_runtime: None, key: str) -> None:
     problem = _problem(key)
     recipes = OfflineGenerator().recipes(problem.summary(), "opencl")
     assert any("kf_t" in r.kernel for r in recipes) == ("sign_trunc" in key)

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, set_backend, synchronize
+from kfoundry.runtime import load, synchronize
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
@@ -54,10 +53,8 @@ def get_init_inputs():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 def _recipe(path: Path, dims: dict[str, int], name: str, lang: str = "opencl"):  # noqa: ANN202

@@ -17,22 +17,19 @@ from typing import Any
 import pytest
 import torch
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.backends.cuda_compile import nvrtc_available
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.index_width import adapt
-from kfoundry.runtime import load, set_backend, synchronize
+from kfoundry.runtime import load, synchronize
 
 _GEN = OfflineGenerator()
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 def _problem(tmp: Path, layer: str, shape: tuple[int, ...], nan: bool = False, tail: str = "y") -> Any:

@@ -14,17 +14,13 @@ import pytest
 import torch
 from test_offline_scan_reverse import build, problem_file, run
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.plugins.llms.offline import cookbook_graph, lower_scan
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import set_backend
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 CASES = [

@@ -11,22 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import Problem, load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
 from kfoundry.plugins.llms.offline import lower as lowering
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.recipe import Recipe
-from kfoundry.runtime import load, set_backend, synchronize
+from kfoundry.runtime import load, synchronize
 
 SCHEDULES = (pytest.param("graph/unfused", marks=pytest.mark.slow), "graph/fused", "graph/fused_coop")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 def problem_file(tmp: Path, forward: str, shape: tuple[int, ...], extra: str = "") -> Problem:

@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph, lower_split
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, set_backend, synchronize
+from kfoundry.runtime import load, synchronize
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
@@ -33,10 +32,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 def _recipe(key: str, dims: dict[str, int | float] | None, name: str) -> tuple[Any, Any]:

@@ -38,6 +38,35 @@ MAX_DISTANCE = 16 << 20
 OPENCL = False
 
 
+#: Chan et al.'s merge of (count, mean, M2) ``b`` into ``a``, as a format string over the six names
+CHAN_MERGE = (
+    "if ({nb} > 0.0f) {{ const float kf_nn = {na} + {nb}, kf_d = {mb} - {ma}; "
+    "{ma} += kf_d * ({nb} / kf_nn); {qa} += {qb} + kf_d * kf_d * ({na} * ({nb} / kf_nn)); {na} = kf_nn; }}"
+)
+
+
+def chan_tree(arrays: tuple[str, str, str], indent: str) -> str:
+    """A work-group's (``na``, ``ma``, ``qa``) stored to the local ``arrays`` (count, mean, M2) and merged
+    pairwise in a fixed order into element 0 (barriers included); lines after the first get ``indent``."""
+    a, b, c = arrays
+    lines = [
+        f"{a}[t] = na;",
+        f"{b}[t] = ma;",
+        f"{c}[t] = qa;",
+        "KF_BARRIER;",
+        "for (int o = BLOCK / 2; o > 0; o >>= 1) {",
+        "    if (t < o) {",
+        f"        float nx = {a}[t], mx = {b}[t], qx = {c}[t];",
+        f"        const float ny = {a}[t + o], my = {b}[t + o], qy = {c}[t + o];",
+        "        " + CHAN_MERGE.format(na="nx", nb="ny", ma="mx", mb="my", qa="qx", qb="qy"),
+        f"        {a}[t] = nx; {b}[t] = mx; {c}[t] = qx;",
+        "    }",
+        "    KF_BARRIER;",
+        "}",
+    ]
+    return f"\n{indent}".join(lines)
+
+
 def wanted(L: Lowering, inner: int) -> bool:
     """Whether rows of ``inner`` elements take the stream in this lowering."""
     on = (L.lang == "cuda" and L.coop) or (L.lang == "opencl" and OPENCL and not L.coop)
@@ -113,10 +142,7 @@ def stream_normalise(
         f"if (4 * i + {k} < len) o[4 * i + {k}] = {one(f'w.{c}', f'c0 + 4 * i + {k}', None)};"
         for k, c in enumerate("xyzw")
     )
-    merge = (
-        "if ({nb} > 0.0f) {{ const float kf_nn = {na} + {nb}, kf_d = {mb} - {ma}; "
-        "{ma} += kf_d * ({nb} / kf_nn); {qa} += {qb} + kf_d * kf_d * ({na} * ({nb} / kf_nn)); {na} = kf_nn; }}"
-    )
+    merge = CHAN_MERGE
     piece = """const kf_long row = {j} / {pp}, c0 = ({j} - row * {pp}) * {P};
             const kf_long left = (kf_long){inner} - c0;
             const int len = (int)(left < {P} ? left : {P});
@@ -192,19 +218,7 @@ def stream_normalise(
                     const float qb = ((volatile KF_G float*)pf)[2 * (row * {pp} + q) + 1];
                     {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
                 }}
-                kf_a[t] = na;
-                kf_b[t] = ma;
-                kf_c[t] = qa;
-                KF_BARRIER;
-                for (int o = BLOCK / 2; o > 0; o >>= 1) {{
-                    if (t < o) {{
-                        float nx = kf_a[t], mx = kf_b[t], qx = kf_c[t];
-                        const float ny = kf_a[t + o], my = kf_b[t + o], qy = kf_c[t + o];
-                        {merge.format(na="nx", nb="ny", ma="mx", mb="my", qa="qx", qb="qy")}
-                        kf_a[t] = nx; kf_b[t] = mx; kf_c[t] = qx;
-                    }}
-                    KF_BARRIER;
-                }}
+                {chan_tree(("kf_a", "kf_b", "kf_c"), "                ")}
                 if (t == 0) {{
                     const float var = kf_c[0] / kf_a[0];
                     fin[2 * row] = kf_b[0];

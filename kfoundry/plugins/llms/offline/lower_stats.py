@@ -112,10 +112,7 @@ def _stats_kernels(
     parts = L.ptr(L.kernel(text, "float", "", "stats", launch_dims=launch))
     L.fwd(L.sched.kernels[-1].launch)
     # a work-group per row merges its pieces' (count, mean, M2) in a fixed order (Chan et al.)
-    merge = (
-        "if ({nb} > 0.0f) {{ const float kf_nn = {na} + {nb}, kf_d = {mb} - {ma}; "
-        "{ma} += kf_d * ({nb} / kf_nn); {qa} += {qb} + kf_d * kf_d * ({na} * ({nb} / kf_nn)); {na} = kf_nn; }}"
-    )
+    merge = lower_norm_stream.CHAN_MERGE
     text = f"""    KF_LOCAL float kf_n[BLOCK];
     KF_LOCAL float kf_m[BLOCK];
     KF_LOCAL float kf_q[BLOCK];
@@ -129,19 +126,7 @@ def _stats_kernels(
         const float mb = {parts}[2 * (row * {pp} + i)], qb = {parts}[2 * (row * {pp} + i) + 1];
         {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
     }}
-    kf_n[t] = na;
-    kf_m[t] = ma;
-    kf_q[t] = qa;
-    KF_BARRIER;
-    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
-        if (t < o) {{
-            float nx = kf_n[t], mx = kf_m[t], qx = kf_q[t];
-            const float ny = kf_n[t + o], my = kf_m[t + o], qy = kf_q[t + o];
-            {merge.format(na="nx", nb="ny", ma="mx", mb="my", qa="qx", qb="qy")}
-            kf_n[t] = nx; kf_m[t] = mx; kf_q[t] = qx;
-        }}
-        KF_BARRIER;
-    }}
+    {lower_norm_stream.chan_tree(("kf_n", "kf_m", "kf_q"), "    ")}
     if (t == 0) {{ const float v = kf_q[0] / kf_n[0]; y[2 * row] = kf_m[0]; y[2 * row + 1] = v > 0.0f ? v : 0.0f; }}"""
     idx = L.nk
     L.fwd(f"b{idx} = torch.empty(2 * Q{n}[1], dtype=torch.float32, device=dev)")
