@@ -191,3 +191,13 @@ def test_real_size_cuda_pool_kernels_compile_with_nvrtc(key: str) -> None:
         defines = {k: v for k, v in recipe.defaults.items() if isinstance(v, int)}
         module = backend.load(recipe.kernel, defines=defines)
         assert module.resources, f"{key} {recipe.name}"
+
+
+def test_overlapping_1d_windows_share_their_taps(tmp_path: Path) -> None:
+    """A 1-D window of 8 at stride 1: a work item makes 4 outputs from 11 loads (not 32), the fast path
+    only where all 4 are inside the output row."""
+    problem = _problem(tmp_path, "nn.AvgPool1d(8, stride=1, padding=4)", (2, 3, 45))
+    recipe = next(r for r in _GEN.recipes(problem.summary(), "opencl") if r.name == "graph/fused")
+    # the unmasked path's loads (the masked path's are guarded: "= ((...) ? r[t] : 0.0f)")
+    assert len(re.findall(r"const float r\d+_\d+ = r\d+\[\d+\];", recipe.kernel)) == 11
+    assert re.search(r"o\d+ \+ 4 <= z\d+", recipe.kernel)

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 #: Output rows per work item where the windows overlap along the rows (each shared row read once).
 ROWS = 4
+#: Output columns per work item where 1-D windows overlap (each shared tap loaded once, the index
+#: arithmetic once: a window of 8 at stride 1 loads 11 values for 4 outputs, not 32)
+COLS = 4
 #: Largest window (taps) unrolled by the specialised kernel.
 MAX_TAPS = 512
 
@@ -177,9 +180,12 @@ def _specialised(
     idims = x.dims[lead:]
     od = odims[lead:]
     R = ROWS if nd >= 2 and (K[-2] - 1) * D[-2] + 1 > S[-2] else 1
-    # spatial item dims: ..., rows / R, columns
+    # 1-D only: 2-D and 3-D windows already share rows (R), and R x C accumulators cost registers
+    C = COLS if nd == 1 and (K[-1] - 1) * D[-1] + 1 > S[-1] and K[-1] * COLS <= MAX_TAPS else 1
+    # spatial item dims: ..., rows / R, columns / C
     ohb = f"(({od[-2]} + {R - 1}) / {R})" if nd >= 2 else ""
-    item_sp = [*od[: nd - 2], ohb, od[-1]] if nd >= 2 else [od[-1]]
+    owb = f"(({od[-1]} + {C - 1}) / {C})" if C > 1 else od[-1]
+    item_sp = [*od[: nd - 2], ohb, owb] if nd >= 2 else [owb]
     planes = " * ".join(f"(kf_long){dm}" for dm in odims[:lead]) or "(kf_long)1"
     qn = [L.fresh("q") for _ in item_sp]
     qplane = L.fresh("qp")
@@ -190,12 +196,15 @@ def _specialised(
     o = [f"(int){q}" for q in qn]
     if nd >= 2:
         o[-2] = f"((int){qn[-2]} * {R})"
+    if C > 1:
+        o[-1] = f"((int){qn[-1]} * {C})"
     ov = [L.fresh("o") for _ in range(nd)]
     lov = [L.fresh("lo") for _ in range(nd)]
     strides = [" * ".join(idims[i + 1 :]) or "1" for i in range(nd)]  # element strides inside a plane
     span = [(K[i] - 1) * D[i] + 1 for i in range(nd)]
     if nd >= 2:
         span[-2] += (R - 1) * S[-2]
+    span[-1] += (C - 1) * S[-1]
     lines = [f"        const int {ov[i]} = {o[i]};" for i in range(nd)]
     lines += [f"        const int {lov[i]} = {ov[i]} * {S[i]} - {P[i]};" for i in range(nd)]
     psize = " * ".join(f"(kf_long){dm}" for dm in idims)
@@ -204,8 +213,10 @@ def _specialised(
     inside = [f"{lov[i]} >= 0 && {lov[i]} + {span[i] - 1} < {idims[i]}" for i in range(nd)]
     if R > 1:
         inside.append(f"{ov[-2]} + {R} <= {od[-2]}")
+    if C > 1:
+        inside.append(f"{ov[-1]} + {C} <= {od[-1]}")
     fill = "-INFINITY" if kind == "max" else "0.0f"
-    accs = [L.fresh("acc") for _ in range(R)]
+    accs = [[L.fresh("acc") for _ in range(C)] for _ in range(R)]
     pcoords = [L.fresh("pc") for _ in range(lead)]  # the output's leading coordinates (of the plane)
 
     def fold(a: str, v: str) -> str:
@@ -217,7 +228,7 @@ def _specialised(
         outer = nd - 1  # dims before the last
         # every combination of the outer dims' span offsets (the row dim's span covers R outputs)
         combos: list[tuple[int, ...]] = [()]
-        started: set[int] = set()
+        started: set[tuple[int, int]] = set()
         for i in range(outer):
             combos = [(*c, t) for c in combos for t in range(span[i])]
         for combo in combos:
@@ -243,55 +254,79 @@ def _specialised(
                 f"(unsigned)({lov[i]} + {t}) < (unsigned){idims[i]}" for i, t in enumerate(combo)
             )
             out_l.append(f"        {{ const KF_G float* {rv} = xb + ({off});" if x.buffer else "        {")
-            vals = []
-            for kw in range(K[-1]):
-                if x.buffer:
-                    e = f"{rv}[{kw * D[-1]}]"
-                else:  # a loader (a view, an elementwise prologue): evaluated at the tap's coordinates
-                    at = [f"(kf_long)({lov[i]} + {t})" for i, t in enumerate(combo)]
-                    e = x.load([*pcoords, *at, f"(kf_long)({lov[-1]} + {kw * D[-1]})"])
-                if masked:
-                    cond = f"(unsigned)({lov[-1]} + {kw * D[-1]}) < (unsigned){idims[-1]}"
-                    cond = f"{rowok} && {cond}" if rowok else cond
-                    e = f"(({cond}) ? {e} : {fill})"
-                vals.append(e)
-            out_l.append(f"        float {hv} = {vals[0]};")
-            out_l += [f"        {{ float v = {v}; {fold(hv, 'v')} }}" for v in vals[1:]]
-            for j in js:  # the first row folded into an output sets it (-inf / 0 folded with h is h)
-                out_l.append(f"        {fold(accs[j], hv) if j in started else f'{accs[j]} = {hv};'}")
-                started.add(j)
+            if x.buffer and C > 1:  # the row's span loaded once, shared by the C outputs' windows
+                taps_at = sorted({c * S[-1] + kw * D[-1] for c in range(C) for kw in range(K[-1])})
+                loaded = {t: f"{rv}_{t}" for t in taps_at}
+                for t in taps_at:
+                    e = f"{rv}[{t}]"
+                    if masked:
+                        cond = f"(unsigned)({lov[-1]} + {t}) < (unsigned){idims[-1]}"
+                        cond = f"{rowok} && {cond}" if rowok else cond
+                        e = f"(({cond}) ? {e} : {fill})"
+                    out_l.append(f"        const float {loaded[t]} = {e};")
+            for c in range(C):
+                vals = []
+                for kw in range(K[-1]):
+                    t = c * S[-1] + kw * D[-1]
+                    if x.buffer and C > 1:
+                        vals.append(loaded[t])
+                        continue
+                    if x.buffer:
+                        e = f"{rv}[{t}]"
+                    else:  # a loader (a view, an elementwise prologue): evaluated at the tap's coordinates
+                        at = [f"(kf_long)({lov[i]} + {tt})" for i, tt in enumerate(combo)]
+                        e = x.load([*pcoords, *at, f"(kf_long)({lov[-1]} + {t})"])
+                    if masked:
+                        cond = f"(unsigned)({lov[-1]} + {t}) < (unsigned){idims[-1]}"
+                        cond = f"{rowok} && {cond}" if rowok else cond
+                        e = f"(({cond}) ? {e} : {fill})"
+                    vals.append(e)
+                hc = f"{hv}_{c}"
+                out_l.append(f"        float {hc} = {vals[0]};")
+                out_l += [f"        {{ float v = {v}; {fold(hc, 'v')} }}" for v in vals[1:]]
+                for j in js:  # the first row folded into an output sets it (-inf / 0 folded with h is h)
+                    a = accs[j][c]
+                    out_l.append(f"        {fold(a, hc) if (j, c) in started else f'{a} = {hc};'}")
+                    started.add((j, c))
             out_l.append("        }")
         return "\n".join(out_l)
 
-    init = "\n".join(f"        float {a} = {fill};" for a in accs)
+    init = "\n".join(f"        float {a} = {fill};" for row in accs for a in row)
     # stores: output j of the item (row coordinate + j), its divisor, the epilogue on store
     ocoords = [f"(kf_long){v}" for v in ov]
 
     def stores(masked: bool) -> str:
         s_l = []
         for j in range(R):
-            oc = list(ocoords)
-            if nd >= 2:
-                oc[-2] = f"((kf_long){ov[-2]} + {j})"
-            cs = [*pcoords, *oc]
-            st, _, _ = L.epilogue(node, out, cs, "float")
-            flat = f"{qplane}"
-            for i in range(nd):
-                flat = f"({flat} * {od[i]} + {oc[i]})"
-            fin = ""
-            if kind == "avg":
-                if masked:
-                    ocs = [
-                        f"{ov[i]}" if not (nd >= 2 and i == nd - 2) else f"({ov[i]} + {j})" for i in range(nd)
-                    ]
-                    div = divisor_of(ocs, [str(v) for v in K], [str(v) for v in S], [str(v) for v in P])
-                else:
-                    div = lit(float(divisor)) if divisor else lit(float(_prod(K)))
-                fin = f"acc = acc / ({div}); "
-            line = f"{{ float acc = {accs[j]}; {fin}y[{flat}] = {st}; }}"
-            if masked and R > 1:
-                line = f"if ({ov[-2]} + {j} < {od[-2]}) {line}"
-            s_l.append("        " + line)
+            for c in range(C):
+                oc = list(ocoords)
+                if nd >= 2:
+                    oc[-2] = f"((kf_long){ov[-2]} + {j})"
+                if C > 1:
+                    oc[-1] = f"((kf_long){ov[-1]} + {c})"
+                cs = [*pcoords, *oc]
+                st, _, _ = L.epilogue(node, out, cs, "float")
+                flat = f"{qplane}"
+                for i in range(nd):
+                    flat = f"({flat} * {od[i]} + {oc[i]})"
+                fin = ""
+                if kind == "avg":
+                    if masked:
+                        ocs = [f"{ov[i]}" for i in range(nd)]
+                        if nd >= 2:
+                            ocs[-2] = f"({ov[-2]} + {j})"
+                        if C > 1:
+                            ocs[-1] = f"({ov[-1]} + {c})"
+                        div = divisor_of(ocs, [str(v) for v in K], [str(v) for v in S], [str(v) for v in P])
+                    else:
+                        div = lit(float(divisor)) if divisor else lit(float(_prod(K)))
+                    fin = f"acc = acc / ({div}); "
+                line = f"{{ float acc = {accs[j][c]}; {fin}y[{flat}] = {st}; }}"
+                keep = [f"{ov[-2]} + {j} < {od[-2]}"] if masked and R > 1 else []
+                keep += [f"{ov[-1]} + {c} < {od[-1]}"] if masked and C > 1 else []
+                if keep:
+                    line = f"if ({' && '.join(keep)}) {line}"
+                s_l.append("        " + line)
         return "\n".join(s_l)
 
     plane_dec = ""
