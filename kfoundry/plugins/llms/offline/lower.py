@@ -202,6 +202,13 @@ COOP_COMMON = """#ifndef ILP
 #: Cooperative schedule: loops of at least this many (traced) terms run across a warp's 32 lanes.
 LANE_MIN = 64
 
+#: ... unless the loop strides a dimension that is not its input's innermost and there are at least this
+#: many outputs: then a thread per output. A warp's 32 lanes on one output read 32 sectors per load (a
+#: sector each, 1/8 of it used) where 32 threads on neighbouring outputs read one 128-byte line; 2**16
+#: threads are 16 warps on each of an H200's 132 SMs (a quarter of its 2048 threads a SM), each with four
+#: loads of its loop in flight: a few MB in flight, what DRAM's latency-bandwidth product asks.
+STRIDED_OUT_MIN = 1 << 16
+
 #: Python helpers of the rendered module (shape rules evaluated in ``forward``).
 PY_HELPERS = '''
 import math
@@ -467,8 +474,12 @@ class Lowering:
         self.ptrs[name] = (py, ctype)
         return name
 
-    def lanes(self, n: int | None) -> bool:
-        """Whether a loop of ``n`` (traced) terms runs across the 32 lanes of a warp (``kf_lane``)."""
+    def lanes(self, n: int | None, outputs: int = 1, strided: bool = False) -> bool:
+        """Whether a loop of ``n`` (traced) terms runs across the 32 lanes of a warp (``kf_lane``):
+        never where its terms are ``strided`` (not the input's innermost dimension) and the ``outputs``
+        (rows) alone fill the GPU (:data:`STRIDED_OUT_MIN`: a thread each, neighbours coalesced)."""
+        if strided and outputs >= STRIDED_OUT_MIN:
+            return False
         use = self.coop and n is not None and n >= LANE_MIN
         self.lanes_used |= use
         return use
@@ -531,6 +542,7 @@ class Lowering:
         self.lanes_used = False
         inner = body(coords)
         work = f"_prod({py_shape})"
+        looped = re.search(r"\b(for|while)\b", inner) is not None
         if self.lanes_used:  # a warp per output element: lanes share its loops, lane 0 stores
             text = (
                 f"    KF_COOP_SCRATCH\n    const kf_long total = {total};\n    const int kf_lane = KF_LANE;\n"
@@ -538,12 +550,12 @@ class Lowering:
                 f"        {inner}\n        if (kf_lane == 0) y[g] = {store};\n    }}"
             )
             return self.finish(text, final_ctype, py_shape, out, tag, f"32 * {work}")
-        if self.fuse and final_ctype == "float" and coords and not re.search(r"\b(for|while)\b", inner):
+        if self.fuse and final_ctype == "float" and coords and not looped:
             # a work item per four consecutive elements
             quads = f"_cdiv({work}, 4)"
             text = self._quads(dims, coords, inner, store, total)
             return self.finish(text, final_ctype, py_shape, out, tag, quads)
-        if self.coop:  # ILP elements per thread, a grid-stride apart (their loads in flight together)
+        if self.coop and not looped:  # ILP elements per thread, a grid-stride apart (loads in flight)
             text = (
                 f"    const kf_long total = {total};\n"
                 f"    for (kf_long g0 = KF_GID; g0 < total; g0 += ILP * KF_GSTRIDE) {{\n"
@@ -552,6 +564,8 @@ class Lowering:
                 f"        {inner}\n        y[g] = {store};\n    }} }} }}"
             )
             return self.finish(text, final_ctype, py_shape, out, tag, f"_cdiv({work}, p['ILP'])")
+        # a loop per element (a reduction): an element per thread, its loop's own loads in flight (ILP
+        # elements would run their loops one after the other, on a quarter of the threads)
         text = (
             f"    const kf_long total = {total};\n"
             f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{decomp}"

@@ -527,6 +527,22 @@ def row_loop(var: str, count: str, lanes: bool) -> str:
     return f"{UNROLL4} for (kf_long {var} = 0; {var} < {count}; ++{var})"
 
 
+def unrolled_loop(
+    L: Lowering, count: str, x: Callable[[str], str], step: Callable[[str, str], str], start: str = "0"
+) -> str:
+    """A loop over ``start`` <= q < count with four loads in flight: ``x(q)`` the value, ``step(v, q)``
+    the statement consuming it (in order, so a running result sees the terms as the plain loop does)."""
+    q = L.fresh("q")
+    n = f"(kf_long)({count})"
+    loads = " ".join(f"const float {q}v{k} = {x(f'({q} + {k})')};" for k in range(4))
+    uses = " ".join(step(f"{q}v{k}", f"({q} + {k})") for k in range(4))
+    return (
+        f"kf_long {q} = {start};\n"
+        f"        for (; {q} + 3 < {n}; {q} += 4) {{ {loads} {uses} }}\n"
+        f"        for (; {q} < {n}; ++{q}) {{ const float {q}v0 = {x(q)}; {step(f'{q}v0', q)} }}"
+    )
+
+
 def _nan_max(a: str, x: str, op: str) -> str:
     return f"{a} = ({x} {op} {a} || {x} != {x}) ? {x} : {a};"
 
@@ -621,7 +637,7 @@ def reduce(
     def body(c: list[str]) -> str:
         x = lambda q: src.load(in_coords(c, q))  # noqa: E731
         f = lambda name: fn(name, L.lang)  # noqa: E731
-        ln = L.lanes(total_r)
+        ln = L.lanes(total_r, math.prod(out), nd - 1 not in dims)
         if op in ("sum", "mean"):
             s = chunked_sum(L, "acc", count, x, lanes=ln)
             return (
@@ -657,7 +673,7 @@ def reduce(
             q = L.fresh("q")
             if ln:
                 return f"float acc = 1.0f; {row_loop(q, count, True)} acc *= {x(q)}; acc = kf_wprod(acc);"
-            return f"float acc = 1.0f; for (kf_long {q} = 0; {q} < {count}; ++{q}) acc *= {x(q)};"
+            return "float acc = 1.0f; " + unrolled_loop(L, count, x, lambda v, _: f"acc *= {v};")
         if op in ("max", "min", "argmax", "argmin"):
             q = L.fresh("q")
             cmp = ">" if op.endswith("max") else "<"
@@ -670,11 +686,12 @@ def reduce(
                         f"if (acc == KF_NOIDX || (best == best && (v {cmp} best || v != v))) {{ best = v; acc = {q}; }} }}\n"
                         f"        acc = kf_warg(best, acc, {int(cmp == '>')});"
                     )
-                return (
-                    f"float best = {x('0')}; kf_long acc = 0;\n"
-                    f"        for (kf_long {q} = 1; {q} < {count}; ++{q}) {{ float v = {x(q)}; "
-                    f"if (best == best && (v {cmp} best || v != v)) {{ best = v; acc = {q}; }} }}"
-                )
+
+                def take(v: str, i: str) -> str:
+                    return f"if (best == best && ({v} {cmp} best || {v} != {v})) {{ best = {v}; acc = {i}; }}"
+
+                head = f"float best = {x('0')}; kf_long acc = 0;\n        "
+                return head + unrolled_loop(L, count, x, take, "1")
             return extreme_loop(L, "acc", count, x, cmp, ln)
         raise _unsupported(f"reduction {op}")
 
@@ -856,21 +873,32 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
     def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
         at = lambda q: [*c[:d], q, *c[d + 1 :]]  # noqa: E731
         x = lambda q: src.load(at(q))  # noqa: E731
-        ln = L.lanes(src.shape[d])
+        rows = math.prod(v for k, v in enumerate(src.shape) if k != d)
+        ln = L.lanes(src.shape[d], rows, d != len(src.shape) - 1)
         if ln:
             s = extreme_loop(L, "mx", R, x, ">", True) + "\n        "
-        else:
-            r = L.fresh("r")
-            s = (
-                f"float mx = -INFINITY; for (kf_long {r} = 0; {r} < {R}; ++{r}) "
-                f"{{ float v = {x(r)}; {_nan_max('mx', 'v', '>')} }}\n        "
-            )
-        s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
+            s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
+        else:  # a thread per row: the max and the sum in one read, the row read twice in all
+            s = _online_max_sum(L, R, x, f("exp"))
         w = L.fresh("r")
         val = f"(({x(w)}) - mx - {f('log')}(den))" if log else f"({f('exp')}(({x(w)}) - mx) / den)"
         return s + f"\n        {row_loop(w, R, ln)} {store(at(w), val)}"
 
     return L.emit_rows(src.shape, f"S{n}", [d], body, "logsoftmax" if log else "softmax", node=node)
+
+
+def _online_max_sum(L: Lowering, count: str, x: Callable[[str], str], exp: str) -> str:
+    """``float mx, den``: the max of ``x(q)`` for q < count and the sum of exp(x - mx), in ONE read (the
+    sum rescaled when the max grows; -inf terms add nothing), four loads in flight. A NaN or +inf term
+    makes ``den`` NaN, as the two-pass sum's exp(inf - inf) does (torch's row of NaNs)."""
+
+    def step(v: str, _: str) -> str:
+        return (
+            f"if ({v} > mx || {v} != {v}) {{ den = ({v} != {v} || {v} == INFINITY) ? {v} - {v} : "
+            f"den * {exp}(mx - {v}) + 1.0f; mx = {v}; }} else if ({v} != -INFINITY) den += {exp}({v} - mx);"
+        )
+
+    return "float mx = -INFINITY, den = 0.0f;\n        " + unrolled_loop(L, count, x, step)
 
 
 def _softmax_fn(L: Lowering, node: fx.Node) -> Val:
@@ -897,7 +925,8 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
 
         r = L.fresh("r")
         at = [*c[:d], r, *c[d + 1 :]]
-        if key != "cummax" and L.lanes(src.shape[d]):
+        rows = math.prod(v for k, v in enumerate(src.shape) if k != d)
+        if key != "cummax" and L.lanes(src.shape[d], rows, d != len(src.shape) - 1):
             return _warp_scan(
                 L,
                 key == "cumprod",
@@ -906,12 +935,12 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
                 lambda q, v: store([*c[:d], q, *c[d + 1 :]], v),
             )
         if key == "cumprod":
-            return f"float run = 1.0f; for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ run *= {src.load(at)}; {store(at, 'run')} }}"
+            return f"float run = 1.0f; {UNROLL4} for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ run *= {src.load(at)}; {store(at, 'run')} }}"
         if key == "cummax":
             raise _unsupported("cummax")
         # compensated (Kahan) running sum
         return (
-            f"float run = 0.0f, comp = 0.0f; for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ "
+            f"float run = 0.0f, comp = 0.0f; {UNROLL4} for (kf_long {r} = 0; {r} < {R}; ++{r}) {{ "
             f"float yv = ({src.load(at)}) - comp; float tv = run + yv; comp = (tv - run) - yv; run = tv; "
             f"{store(at, 'run')} }}"
         )
@@ -1063,7 +1092,8 @@ def _norm_rows(
             return cs
 
         x = lambda q: src.load(at(q))  # noqa: E731
-        ln = L.lanes(math.prod(src.shape[k] for k in row_dims))
+        rows = math.prod(v for k, v in enumerate(src.shape) if k not in row_dims)
+        ln = L.lanes(math.prod(src.shape[k] for k in row_dims), rows, len(src.shape) - 1 not in row_dims)
         if mean_var is None:
             s = chunked_sum(L, "mu", count, x, lanes=ln) + f"\n        mu = mu / (float)({count});\n        "
             s += chunked_sum(L, "var", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)", lanes=ln)
@@ -1782,7 +1812,7 @@ def _cosine(L: Lowering, node: fx.Node) -> Val:
         at = lambda q: [*c[:d], q, *c[d:]]  # noqa: E731
         al = lambda q: L.broadcast_load(a, at(q), full)  # noqa: E731
         bl = lambda q: L.broadcast_load(b, at(q), full)  # noqa: E731
-        ln = L.lanes(full[d])
+        ln = L.lanes(full[d], math.prod(out), d != len(full) - 1)
         q = L.fresh("q")  # one loop: a and b read once for the three sums
         pre = f"const float va = {al(q)}, vb = {bl(q)};"
         sums = [("dot", "va * vb"), ("na", "va * va"), ("nb", "vb * vb")]
