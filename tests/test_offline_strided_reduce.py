@@ -152,6 +152,8 @@ def test_few_outputs_keep_the_lanes(
         ("torch.prod(x, dim=2)", (128, 4095, 4096), True),
         ("torch.cumsum(x, dim=2)", (64, 4095, 4096), True),
         ("torch.cumsum(x, dim=1)", (64, 4096, 4095), False),
+        # a trailing dim of one element: the reduced dim is the innermost in memory
+        ("torch.prod(x, dim=1)", (65536, 256, 1), True),
         # strided with few outputs (4 x 64): a warp each still (the outputs alone cannot fill the GPU)
         ("torch.prod(x, dim=1)", (4, 4096, 64), True),
     ],
@@ -165,3 +167,9 @@ def test_warp_per_output_only_where_it_reads_contiguously(
     if not lanes:  # a thread per output: no ILP copies of the loop, four loads of it in flight
         assert "ILP * KF_GSTRIDE" not in kernel
         assert "v3 = " in kernel or "cumsum" in forward
+
+
+def test_strided_is_the_innermost_dim_of_more_than_one_element() -> None:
+    assert lowering.strided((4, 8, 16), [1]) and lowering.strided((4, 8, 16), [0, 1])
+    assert not lowering.strided((4, 8, 16), [2]) and not lowering.strided((4, 8, 16), [1, 2])
+    assert not lowering.strided((4, 8, 1), [1]) and lowering.strided((4, 1, 8, 1), [1])

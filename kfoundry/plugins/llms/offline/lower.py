@@ -15,7 +15,7 @@ import ast
 import math
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,14 @@ LANE_MIN = 64
 #: threads are 16 warps on each of an H200's 132 SMs (a quarter of its 2048 threads a SM), each with four
 #: loads of its loop in flight: a few MB in flight, what DRAM's latency-bandwidth product asks.
 STRIDED_OUT_MIN = 1 << 16
+
+
+def strided(shape: tuple[int, ...], dims: Sequence[int]) -> bool:
+    """Whether a loop over ``dims`` of a row-major ``shape`` strides memory: the innermost dim of more
+    than one element is not among them (one output's terms lie at least that dim's size apart)."""
+    inner = max((k for k, v in enumerate(shape) if v > 1), default=len(shape) - 1)
+    return inner not in dims
+
 
 #: Python helpers of the rendered module (shape rules evaluated in ``forward``).
 PY_HELPERS = '''
@@ -474,12 +482,15 @@ class Lowering:
         self.ptrs[name] = (py, ctype)
         return name
 
-    def lanes(self, n: int | None, outputs: int = 1, strided: bool = False) -> bool:
-        """Whether a loop of ``n`` (traced) terms runs across the 32 lanes of a warp (``kf_lane``):
-        never where its terms are ``strided`` (not the input's innermost dimension) and the ``outputs``
-        (rows) alone fill the GPU (:data:`STRIDED_OUT_MIN`: a thread each, neighbours coalesced)."""
-        if strided and outputs >= STRIDED_OUT_MIN:
-            return False
+    def lanes(self, n: int | None, shape: tuple[int, ...] | None = None, dims: Sequence[int] = ()) -> bool:
+        """Whether a loop of ``n`` (traced) terms runs across the 32 lanes of a warp (``kf_lane``); given
+        the loop's input ``shape`` (row-major) and the ``dims`` it runs over: never where they stride
+        memory (:func:`strided`) and the outputs alone fill the GPU (:data:`STRIDED_OUT_MIN`: a thread
+        each, neighbours on neighbouring addresses)."""
+        if shape is not None and strided(shape, dims):
+            outputs = math.prod(v for k, v in enumerate(shape) if k not in dims)
+            if outputs >= STRIDED_OUT_MIN:
+                return False
         use = self.coop and n is not None and n >= LANE_MIN
         self.lanes_used |= use
         return use

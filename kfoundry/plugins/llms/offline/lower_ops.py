@@ -637,7 +637,7 @@ def reduce(
     def body(c: list[str]) -> str:
         x = lambda q: src.load(in_coords(c, q))  # noqa: E731
         f = lambda name: fn(name, L.lang)  # noqa: E731
-        ln = L.lanes(total_r, math.prod(out), nd - 1 not in dims)
+        ln = L.lanes(total_r, src.shape, dims)
         if op in ("sum", "mean"):
             s = chunked_sum(L, "acc", count, x, lanes=ln)
             return (
@@ -873,8 +873,7 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
     def body(c: list[str], store: Callable[[list[str], str], str]) -> str:
         at = lambda q: [*c[:d], q, *c[d + 1 :]]  # noqa: E731
         x = lambda q: src.load(at(q))  # noqa: E731
-        rows = math.prod(v for k, v in enumerate(src.shape) if k != d)
-        ln = L.lanes(src.shape[d], rows, d != len(src.shape) - 1)
+        ln = L.lanes(src.shape[d], src.shape, [d])
         if ln:
             s = extreme_loop(L, "mx", R, x, ">", True) + "\n        "
             s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
@@ -925,8 +924,7 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
 
         r = L.fresh("r")
         at = [*c[:d], r, *c[d + 1 :]]
-        rows = math.prod(v for k, v in enumerate(src.shape) if k != d)
-        if key != "cummax" and L.lanes(src.shape[d], rows, d != len(src.shape) - 1):
+        if key != "cummax" and L.lanes(src.shape[d], src.shape, [d]):
             return _warp_scan(
                 L,
                 key == "cumprod",
@@ -1092,8 +1090,7 @@ def _norm_rows(
             return cs
 
         x = lambda q: src.load(at(q))  # noqa: E731
-        rows = math.prod(v for k, v in enumerate(src.shape) if k not in row_dims)
-        ln = L.lanes(math.prod(src.shape[k] for k in row_dims), rows, len(src.shape) - 1 not in row_dims)
+        ln = L.lanes(math.prod(src.shape[k] for k in row_dims), src.shape, row_dims)
         if mean_var is None:
             s = chunked_sum(L, "mu", count, x, lanes=ln) + f"\n        mu = mu / (float)({count});\n        "
             s += chunked_sum(L, "var", count, lambda q: f"(({x(q)}) - mu) * (({x(q)}) - mu)", lanes=ln)
@@ -1812,7 +1809,7 @@ def _cosine(L: Lowering, node: fx.Node) -> Val:
         at = lambda q: [*c[:d], q, *c[d:]]  # noqa: E731
         al = lambda q: L.broadcast_load(a, at(q), full)  # noqa: E731
         bl = lambda q: L.broadcast_load(b, at(q), full)  # noqa: E731
-        ln = L.lanes(full[d], math.prod(out), d != len(full) - 1)
+        ln = L.lanes(full[d], full, [d])
         q = L.fresh("q")  # one loop: a and b read once for the three sums
         pre = f"const float va = {al(q)}, vb = {bl(q)};"
         sums = [("dot", "va * vb"), ("na", "va * va"), ("nb", "vb * vb")]
