@@ -8,12 +8,16 @@ for reductions over the innermost dim.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from eval_helpers import fast_config
 
+from kfoundry.core.evaluation import Evaluator
+from kfoundry.core.models import Outcome
 from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import Problem, load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
@@ -173,3 +177,31 @@ def test_strided_is_the_innermost_dim_of_more_than_one_element() -> None:
     assert lowering.strided((4, 8, 16), [1]) and lowering.strided((4, 8, 16), [0, 1])
     assert not lowering.strided((4, 8, 16), [2]) and not lowering.strided((4, 8, 16), [1, 2])
     assert not lowering.strided((4, 8, 1), [1]) and lowering.strided((4, 1, 8, 1), [1])
+
+
+#: KernelBench problems with a reduction or row op over a strided dim (their channels): a thread per row
+#: when the threshold is lowered to their small shapes, through the real evaluator (NaN / inf trials too).
+STRIDED_PROBLEMS = [
+    "level1/argmin_dim.py",
+    "level1/argmax_dim.py",
+    "level1/prod_over_dim.py",
+    "level1/softmax_dim1_3d.py",
+    "level2/conv2d_min_tanh_tanh.py",
+    "level2/conv2d_silu_tanh_sigmoid_logsoftmax.py",
+    "level2/conv3d_softmax_maxpool_maxpool.py",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", STRIDED_PROBLEMS)
+def test_strided_problems_are_correct_on_pocl(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = Path(__file__).resolve().parent / "data" / "kernelbench"
+    small = json.loads((data / "small_shapes.json").read_text())
+    monkeypatch.setattr(lowering, "STRIDED_OUT_MIN", 8)
+    monkeypatch.setattr(lowering, "LANE_MIN", 4)
+    problem = load_problem(data / key, small[key])
+    recipe = build(problem, "graph/fused_coop")
+    assert "kf_lane" not in recipe.kernel
+    with Evaluator(problem, fast_config(cache=False)) as evaluator:  # type: ignore[arg-type]
+        record = evaluator.evaluate_many([recipe.candidate()])[0]
+    assert record.outcome is Outcome.correct, f"{key}: {record.message}\n{(record.log or '')[-3000:]}"
