@@ -433,12 +433,24 @@ def pool_fn(L: Lowering, node: fx.Node) -> Val:
     )
 
 
+def is_global(size: Any, nd: int) -> bool:
+    """Whether an adaptive pool's ``output_size`` is one cell along every pooled dim."""
+    sizes = tuple(size) if isinstance(size, (tuple, list)) else (size,) * nd
+    return len(sizes) == nd and all(o == 1 for o in sizes)
+
+
 def adaptive_avg(L: Lowering, node: fx.Node, size: Any, nd: int) -> Val:
-    """Adaptive average pooling: output cell ``i`` averages input ``[floor(i*I/O), ceil((i+1)*I/O))``."""
+    """Adaptive average pooling: output cell ``i`` averages input ``[floor(i*I/O), ceil((i+1)*I/O))``.
+
+    Pooling to one cell per plane is a keepdim mean over the pooled dims: the reductions' split or
+    blocked forms give a plane many work items (here a work item would fold a whole plane serially).
+    """
     x = L.tensor(ops._args(node)[0])
     n = L.order[node]
     out = _shape(node)
     lead = len(out) - nd
+    if is_global(size, nd):
+        return ops.reduce(L, node, x, "mean", list(range(lead, lead + nd)), True)
     S = x.py_shape
     L.fwd(
         f"S{n} = {S}[:{lead}] + tuple(o if o is not None else {S}[{lead} + i] "
