@@ -1,0 +1,113 @@
+"""A convolution feeding a global reduction or pooling (adaptive average pooling to one cell, a mean
+over the spatial dims, pooling then a mean), lowered by the offline generator and run on PoCL.
+
+The convolution is the tiled implicit-GEMM kernel (``convgemm``) writing its output once; the
+reduction is a separate pass over it: at small shapes a plain one, where a plane holds at least
+``SPLIT_MIN`` terms the blocked/split reduction (many work-groups per plane), never a work item that
+folds a whole plane serially (the old ``adaptiveavg`` kernel of a one-cell adaptive pool). The CUDA
+source of the same lowering is compiled for sm_90 where nvcc is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from kfoundry.core.plugins import get_plugin
+from kfoundry.core.problem import load_problem
+from kfoundry.plugins.llms.offline import cookbook_graph, lower_conv, lower_ops
+from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+from kfoundry.runtime import load, set_backend, synchronize
+
+DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
+SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
+
+CHAINS = [
+    "level2/conv2d_gap_view_linear.py",
+    "level2/conv2d_gelu_global_avgpool.py",
+    "level2/conv2d_layer_norm_gelu.py",
+    "level2/conv_transpose2d_gap_bias_logsumexp_sum_multiply.py",
+    "level2/conv_transpose2d_maxpool_hardtanh_mean_tanh.py",
+]
+
+#: planes of 94 x 94 conv outputs: above SPLIT_MIN terms, so the blocked/split reduction serves them
+MID = {"batch_size": 2, "in_channels": 3, "out_channels": 8, "height": 96, "width": 96}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pocl() -> None:
+    backend = get_plugin("backend", "opencl").build({})
+    backend.require_device()
+    set_backend(backend)
+
+
+def _kernels(source: str) -> list[str]:
+    """The generated kernels' names, in launch order."""
+    return re.findall(r"KF_KERNEL\s+(?:void\s+)?(\w+)\(", source) or re.findall(
+        r"__kernel\s+void\s+(\w+)\(", source
+    )
+
+
+def _run(key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> tuple[str, float, float]:
+    monkeypatch.setattr(lower_conv, "MIN_ROWS", 1)  # small shapes: every convolution as a GEMM
+    problem = load_problem(DATA / key, shape)
+    recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
+    namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    ref = problem.make_reference()
+    inputs = problem.make_inputs(1)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    with torch.no_grad():
+        expected = ref(*inputs)
+        got = model(*inputs)
+        synchronize()
+    assert got.shape == expected.shape
+    return recipe.kernel, (got - expected).abs().max().item(), expected.abs().max().item()
+
+
+@pytest.mark.parametrize("key", CHAINS)
+def test_conv_then_global_reduction_matches_eager_on_pocl(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel, err, scale = _run(key, SMALL.get(key, {}), monkeypatch)
+    names = _kernels(kernel)
+    assert names and "convgemm" in names[0], names
+    assert not any("adaptiveavg" in n for n in names), names
+    assert err <= 1e-4 * max(1.0, scale), f"{key}: max error {err}"
+
+
+@pytest.mark.parametrize("key", ["level2/conv2d_gap_view_linear.py", "level2/conv2d_gelu_global_avgpool.py"])
+def test_one_cell_adaptive_pool_is_a_many_work_group_reduction(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert lower_ops.SPLIT_MIN <= 94 * 94
+    kernel, err, scale = _run(key, MID, monkeypatch)
+    names = _kernels(kernel)
+    # the conv alone in the tiled kernel; the pooling a pass of pieces per plane, then their combination
+    assert "convgemm" in names[0] and sum("convgemm" in n for n in names) == 1, names
+    assert any("piece" in n or "part" in n for n in names[1:]), names
+    assert not any("adaptiveavg" in n for n in names), names
+    assert err <= 1e-4 * max(1.0, scale), f"{key}: max error {err}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_conv_gap_cuda_compiles_for_sm90(tmp_path: Path) -> None:
+    problem = load_problem(DATA / "level2/conv2d_gap_view_linear.py", {})
+    for recipe in OfflineGenerator().recipes(problem.summary(), "cuda"):
+        names = _kernels(recipe.kernel)
+        assert not any("adaptiveavg" in n for n in names), (recipe.name, names)
+        if recipe.name == "graph/unfused":
+            continue
+        assert "convgemm" in names[0], (recipe.name, names)
+        src = tmp_path / "k.cu"
+        src.write_text(recipe.kernel)
+        flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()]
+        cmd = ["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), *flags, str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, f"{recipe.name}: {proc.stderr[-3000:]}"
