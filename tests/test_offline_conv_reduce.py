@@ -21,7 +21,7 @@ import torch
 
 from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
-from kfoundry.plugins.llms.offline import cookbook_graph, lower_conv, lower_ops
+from kfoundry.plugins.llms.offline import cookbook_graph, lower_conv, lower_conv_pool, lower_ops
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.runtime import load, set_backend, synchronize
 
@@ -35,6 +35,13 @@ CHAINS = [
     "level2/conv_transpose2d_gap_bias_logsumexp_sum_multiply.py",
     "level2/conv_transpose2d_maxpool_hardtanh_mean_tanh.py",
 ]
+
+#: the chains whose spatial mean (or one-cell pool) consumes the conv (after its elementwise epilogue)
+FOLDED = {
+    "level2/conv2d_gap_view_linear.py",
+    "level2/conv2d_gelu_global_avgpool.py",
+    "level2/conv_transpose2d_gap_bias_logsumexp_sum_multiply.py",
+}
 
 #: planes of 94 x 94 conv outputs: above SPLIT_MIN terms, so the blocked/split reduction serves them
 MID = {"batch_size": 2, "in_channels": 3, "out_channels": 8, "height": 96, "width": 96}
@@ -54,8 +61,11 @@ def _kernels(source: str) -> list[str]:
     )
 
 
-def _run(key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> tuple[str, float, float]:
+def _run(
+    key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch, fold: bool
+) -> tuple[str, float, float]:
     monkeypatch.setattr(lower_conv, "MIN_ROWS", 1)  # small shapes: every convolution as a GEMM
+    monkeypatch.setattr(lower_conv_pool, "MIN_POSITIONS", 1 if fold else 1 << 40)
     problem = load_problem(DATA / key, shape)
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
     namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
@@ -73,12 +83,17 @@ def _run(key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> tu
     return recipe.kernel, (got - expected).abs().max().item(), expected.abs().max().item()
 
 
+@pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("key", CHAINS)
-def test_conv_then_global_reduction_matches_eager_on_pocl(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel, err, scale = _run(key, SMALL.get(key, {}), monkeypatch)
+def test_conv_then_global_reduction_matches_eager_on_pocl(
+    key: str, fold: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel, err, scale = _run(key, SMALL.get(key, {}), monkeypatch, fold)
     names = _kernels(kernel)
     assert names and "convgemm" in names[0], names
     assert not any("adaptiveavg" in n for n in names), names
+    # folded: the conv kernel sums its tiles per (image, channel) where the spatial mean is its consumer
+    assert ("psum" in kernel) == (fold and key in FOLDED), names
     assert err <= 1e-4 * max(1.0, scale), f"{key}: max error {err}"
 
 
@@ -87,7 +102,7 @@ def test_one_cell_adaptive_pool_is_a_many_work_group_reduction(
     key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert lower_ops.SPLIT_MIN <= 94 * 94
-    kernel, err, scale = _run(key, MID, monkeypatch)
+    kernel, err, scale = _run(key, MID, monkeypatch, fold=False)
     names = _kernels(kernel)
     # the conv alone in the tiled kernel; the pooling a pass of pieces per plane, then their combination
     assert "convgemm" in names[0] and sum("convgemm" in n for n in names) == 1, names
@@ -96,15 +111,27 @@ def test_one_cell_adaptive_pool_is_a_many_work_group_reduction(
     assert err <= 1e-4 * max(1.0, scale), f"{key}: max error {err}"
 
 
+@pytest.mark.parametrize("key", sorted(FOLDED))
+def test_spatial_mean_folds_into_the_conv_epilogue(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel, err, scale = _run(key, MID, monkeypatch, fold=True)
+    names = _kernels(kernel)
+    # the conv output is never stored: the conv kernel writes a partial per (tile, image, channel), one
+    # small kernel folds them (no per-plane pieces: the planes' terms are already summed)
+    assert "psum" in kernel and "convgemm" in names[0], names
+    assert not any("piece" in n or "part" in n for n in names), names
+    assert err <= 1e-4 * max(1.0, scale), f"{key}: max error {err}"
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_conv_gap_cuda_compiles_for_sm90(tmp_path: Path) -> None:
-    problem = load_problem(DATA / "level2/conv2d_gap_view_linear.py", {})
+@pytest.mark.parametrize("key", sorted(FOLDED))
+def test_conv_reduce_cuda_compiles_for_sm90(key: str, tmp_path: Path) -> None:
+    problem = load_problem(DATA / key, {})
     for recipe in OfflineGenerator().recipes(problem.summary(), "cuda"):
         names = _kernels(recipe.kernel)
         assert not any("adaptiveavg" in n for n in names), (recipe.name, names)
         if recipe.name == "graph/unfused":
             continue
-        assert "convgemm" in names[0], (recipe.name, names)
+        assert "convgemm" in names[0] and "psum" in recipe.kernel, (recipe.name, names)
         src = tmp_path / "k.cu"
         src.write_text(recipe.kernel)
         flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()]

@@ -1006,20 +1006,26 @@ class Lowering:
             if self.is_elementwise(node):
                 self.lower_elementwise(node)
                 continue
-            val = lower_ops.lower_node(self, node)
-            self.vals[node] = val
-            if isinstance(val, Val) and val.py_shape != f"S{n}":
-                self.fwd(f"S{n} = {val.py_shape}")
-            chain = self.epilogue_chain(node) if node in self.applied else []
-            for m in chain:
-                self.fused_into[m] = node
-            if chain:
-                last = chain[-1]
-                self.fwd(f"S{self.order[last]} = S{n}")
-                self.vals[last] = self.buffer_val(
-                    str(val.buffer), _shape(last), f"S{self.order[last]}", val.ctype
-                )
+            self.settle(node, lower_ops.lower_node(self, node))
         return self.sched
+
+    def settle(self, node: fx.Node, val: Val) -> None:
+        """Record ``val`` as ``node``'s value (its shape variable, and the epilogue chain its kernel
+        applied: those nodes take the kernel's buffer); a lowering that emits a later node's kernel
+        ahead of the walk (a reduction folded behind its producer) settles that node here too."""
+        n = self.order[node]
+        self.vals[node] = val
+        if isinstance(val, Val) and val.py_shape != f"S{n}":
+            self.fwd(f"S{n} = {val.py_shape}")
+        chain = self.epilogue_chain(node) if node in self.applied else []
+        for m in chain:
+            self.fused_into[m] = node
+        if chain:
+            last = chain[-1]
+            self.fwd(f"S{self.order[last]} = S{n}")
+            self.vals[last] = self.buffer_val(
+                str(val.buffer), _shape(last), f"S{self.order[last]}", val.ctype
+            )
 
     def value(self, node: fx.Node) -> Val | PyVal:
         """The value of ``node`` (a parameter is read where first used)."""

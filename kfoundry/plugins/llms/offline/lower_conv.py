@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
+from kfoundry.plugins.llms.offline import lower_conv_pool
 from kfoundry.plugins.llms.offline.index_width import fits_int32
 from kfoundry.plugins.llms.offline.lower import Val, horner
 
@@ -209,8 +210,13 @@ def emit_conv_gemm(
             rb[l] = (jok && ({checks})) ? {x_load} : 0.0f;
         }}"""
     cs = ["(kf_long)nb", "(kf_long)co", *[f"(kf_long){o}" for o in on]]
-    epi, ctype, _ = L.epilogue(node, out, cs, "float")
+    epi, ctype, last = L.epilogue(node, out, cs, "float")
     add = f" acc += {bias}[co];" if bias else ""
+    pool = None
+    if ctype == "float" and math.prod(out[2:]) >= lower_conv_pool.MIN_POSITIONS:
+        pool = lower_conv_pool.spatial_reduction(L, last or node, nd)
+    tile = "ph * (int)KF_NGRP0 + (int)KF_GRP(0)" if transposed else "(int)KF_GRP(0)"
+    fold_head, fold_row, fold_tail = lower_conv_pool.fold_text("CM", odims[0], cout, cout_g, tile)
     if transposed:
         place = f"""{_unflat_int("j", [f"U{d}" for d in range(nd)], un)}
                 {" ".join(f"const int {o} = r{d} + {st[d]} * {u};" for d, (o, u) in enumerate(zip(on, un, strict=True)))}
@@ -238,6 +244,14 @@ def emit_conv_gemm(
         }} else
 #endif
 """
+    )
+    store = (
+        fold_row
+        if pool
+        else f"""{vec_store}        {{
+            #pragma unroll
+            for (int c = 0; c < CN; ++c) if (ok[c]) y[yrow + yo[c]] = v[c];
+        }}"""
     )
     text = f"""    KF_LOCAL float As[2][16][16 * CM + 4];
     KF_LOCAL float Bs[2][16][16 * CN + 4];
@@ -321,7 +335,7 @@ def emit_conv_gemm(
         }}
         KF_BARRIER;
     }}
-    #pragma unroll
+{fold_head if pool else ""}    #pragma unroll
     for (int r = 0; r < CM; ++r) {{
         const int m = i0 + ty * CM + r;
         if (m >= {cout_g}) continue;
@@ -343,11 +357,8 @@ def emit_conv_gemm(
                 }}
             }}
         }}
-{vec_store}        {{
-            #pragma unroll
-            for (int c = 0; c < CN; ++c) if (ok[c]) y[yrow + yo[c]] = v[c];
-        }}
-    }}"""
+{store}
+    }}{fold_tail if pool else ""}"""
     fma = "fmaf((a), (b), (c))" if lang == "cuda" else "((a) * (b) + (c))"
     jcol = (
         "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n"
@@ -355,7 +366,6 @@ def emit_conv_gemm(
     )
     text = f"#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
     nk = L.nk
-    L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     if transposed:
         p_py = "*".join(f"_cdiv({py_shape}[{2 + d}], {stride_py[d]})" for d in range(nd))
         z_py = f"{py_shape}[0] * {groups_py} * " + "*".join(stride_py)
@@ -363,13 +373,25 @@ def emit_conv_gemm(
         p_py = "*".join(f"{py_shape}[{2 + d}]" for d in range(nd))
         z_py = f"{py_shape}[0] * {groups_py}"
     cg_py = f"({py_shape}[1] // {groups_py})"
-    launch = f"grid=(_cdiv({p_py}, 16 * p['CN']), _cdiv({cg_py}, 16 * p['CM']), {z_py}), block=(16, 16, 1)"
+    gx_py = f"_cdiv({p_py}, 16 * p['CN'])"
+    launch = f"grid=({gx_py}, _cdiv({cg_py}, 16 * p['CM']), {z_py}), block=(16, 16, 1)"
+    parts = None
+    if pool:  # the kernel writes (tile, image, channel) partial sums, not the conv output
+        text = text.replace("KF_NGRP0", L.sym(gx_py))
+        tiles_py = gx_py + "".join(f" * {s_}" for s_ in stride_py) if transposed else gx_py
+        tiles = -(-math.prod(out[2:]) // lower_conv_pool.TILE_COLS)  # traced estimate (heuristics only)
+        parts = lower_conv_pool.partials_val(L, pool[0], pool[1], nd, f"b{nk}", py_shape, tiles_py, tiles)
+        L.fwd(f"b{nk} = torch.empty({parts.py_shape}, dtype=torch.float32, device=dev)")
+    else:
+        L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     rows = out[1] // groups
     if transposed and nd >= 2:  # 128-row tiles take 130 registers here (one 256-thread block per SM)
         rows = min(rows, 96)
     L.conv_sizes.append((rows, math.prod(out[2:]), out[0] * groups))
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)
+    if pool and parts is not None:  # the reduction folds the partials (the conv's value is never read)
+        lower_conv_pool.finish(L, pool[0], parts, pool[2], P)
     return L.buffer_val(name, out, py_shape, ctype)
 
 
