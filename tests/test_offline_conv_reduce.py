@@ -62,12 +62,12 @@ def _kernels(source: str) -> list[str]:
 
 
 def _run(
-    key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch, fold: bool
+    key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch, fold: bool, name: str = "graph/fused"
 ) -> tuple[str, float, float]:
     monkeypatch.setattr(lower_conv, "MIN_ROWS", 1)  # small shapes: every convolution as a GEMM
     monkeypatch.setattr(lower_conv_pool, "MIN_POSITIONS", 1 if fold else 1 << 40)
     problem = load_problem(DATA / key, shape)
-    recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
+    recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", name, 1)
     namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
     exec(compile(recipe.render(), recipe.name, "exec"), namespace)
     torch.manual_seed(0)
@@ -111,10 +111,15 @@ def test_one_cell_adaptive_pool_is_a_many_work_group_reduction(
     assert err <= 1e-4 * max(1.0, scale), f"{key}: max error {err}"
 
 
+@pytest.mark.parametrize("name", ["graph/fused", "graph/fused_coop"])
 @pytest.mark.parametrize("key", sorted(FOLDED))
-def test_spatial_mean_folds_into_the_conv_epilogue(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel, err, scale = _run(key, MID, monkeypatch, fold=True)
+def test_spatial_mean_folds_into_the_conv_epilogue(
+    key: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel, err, scale = _run(key, MID, monkeypatch, True, name)
     names = _kernels(kernel)
+    # cooperative: a warp per (image, channel) folds its partials, laid out contiguously for it
+    assert ("kf_lane" in kernel) == (name == "graph/fused_coop"), names
     # the conv output is never stored: the conv kernel writes a partial per (tile, image, channel), one
     # small kernel folds them (no per-plane pieces: the planes' terms are already summed)
     assert "psum" in kernel and "convgemm" in names[0], names

@@ -216,7 +216,12 @@ def emit_conv_gemm(
     if ctype == "float" and math.prod(out[2:]) >= lower_conv_pool.MIN_POSITIONS:
         pool = lower_conv_pool.spatial_reduction(L, last or node, nd)
     tile = "ph * (int)KF_NGRP0 + (int)KF_GRP(0)" if transposed else "(int)KF_GRP(0)"
-    fold_head, fold_row, fold_tail = lower_conv_pool.fold_text("CM", odims[0], cout, cout_g, tile)
+    fold_lanes = bool(pool) and lower_conv_pool.partials_layout(
+        L, -(-math.prod(out[2:]) // lower_conv_pool.TILE_COLS)
+    )
+    fold_head, fold_row, fold_tail = lower_conv_pool.fold_text(
+        "CM", odims[0], cout, cout_g, tile, "KF_NTILES", fold_lanes
+    )
     if transposed:
         place = f"""{_unflat_int("j", [f"U{d}" for d in range(nd)], un)}
                 {" ".join(f"const int {o} = r{d} + {st[d]} * {u};" for d, (o, u) in enumerate(zip(on, un, strict=True)))}
@@ -377,11 +382,12 @@ def emit_conv_gemm(
     launch = f"grid=({gx_py}, _cdiv({cg_py}, 16 * p['CM']), {z_py}), block=(16, 16, 1)"
     parts = None
     if pool:  # the kernel writes (tile, image, channel) partial sums, not the conv output
-        text = text.replace("KF_NGRP0", L.sym(gx_py))
         tiles_py = gx_py + "".join(f" * {s_}" for s_ in stride_py) if transposed else gx_py
-        tiles = -(-math.prod(out[2:]) // lower_conv_pool.TILE_COLS)  # traced estimate (heuristics only)
-        parts = lower_conv_pool.partials_val(L, pool[0], pool[1], nd, f"b{nk}", py_shape, tiles_py, tiles)
-        L.fwd(f"b{nk} = torch.empty({parts.py_shape}, dtype=torch.float32, device=dev)")
+        text = text.replace("KF_NGRP0", L.sym(gx_py)).replace("KF_NTILES", L.sym(tiles_py))
+        parts = lower_conv_pool.partials_val(
+            L, pool[0], pool[1], nd, f"b{nk}", py_shape, tiles_py, fold_lanes
+        )
+        L.fwd(f"b{nk} = torch.empty({parts[0].py_shape}, dtype=torch.float32, device=dev)")
     else:
         L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     rows = out[1] // groups
@@ -391,7 +397,7 @@ def emit_conv_gemm(
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)
     if pool and parts is not None:  # the reduction folds the partials (the conv's value is never read)
-        lower_conv_pool.finish(L, pool[0], parts, pool[2], P)
+        lower_conv_pool.finish(L, pool[0], *parts, pool[2], P)
     return L.buffer_val(name, out, py_shape, ctype)
 
 

@@ -13,6 +13,7 @@ read, the whole memory traffic of the chain, shrink to ``N x C x T`` partials (`
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch.fx as fx
@@ -65,12 +66,16 @@ def spatial_reduction(L: Lowering, tail: fx.Node, nd: int) -> tuple[fx.Node, boo
     return red, bool(ops._arg(red, 2, "keepdim", False)), key == "mean"
 
 
-def fold_text(cm_rows: str, images: str, cout: str, cout_g: str, tile: str) -> tuple[str, str, str]:
+def fold_text(
+    cm_rows: str, images: str, cout: str, cout_g: str, tile: str, tiles: str, lanes: bool
+) -> tuple[str, str, str]:
     """C for the conv epilogue: (declarations before the row loop, a row's fold of its ``v[c]`` after
     the epilogue, the tile's combination and partial store after the row loop). ``tile`` is this
-    work-group's tile index along the positions: partial ``tile`` of every (image, channel) is one
-    contiguous row of the partials (the tile's channels are adjacent there, and the fold's work items
-    over (image, channel) read adjacent partials)."""
+    work-group's tile index along the positions, ``tiles`` their count. Where the fold runs a warp per
+    (image, channel) (``lanes``) its ``tiles`` partials are contiguous; else partial ``tile`` of every
+    (image, channel) is one contiguous row (the fold's work items read adjacent partials)."""
+    plane = f"((kf_long)nb * {cout} + g * {cout_g} + m)"
+    at = f"{plane} * {tiles} + ({tile})" if lanes else f"(kf_long)({tile}) * ({images} * {cout}) + {plane}"
     head = f"""    float psum[{cm_rows}];
     #pragma unroll
     for (int r = 0; r < {cm_rows}; ++r) psum[r] = 0.0f;
@@ -93,28 +98,38 @@ def fold_text(cm_rows: str, images: str, cout: str, cout_g: str, tile: str) -> t
             float s = 0.0f;
             #pragma unroll
             for (int x = 0; x < 16; ++x) s += As[0][x][q];
-            y[(kf_long)({tile}) * ({images} * {cout}) + (kf_long)nb * {cout} + g * {cout_g} + m] = s;
+            y[{at}] = s;
         }}
     }}"""
     return head, row, tail
 
 
+def partials_layout(L: Lowering, tiles: int) -> bool:
+    """Whether the fold of ``tiles`` partials per output runs a warp per output: the partials are then
+    laid out (image, channel, tile), else (tile, image, channel)."""
+    return L.lanes(tiles)
+
+
 def partials_val(
-    L: Lowering, red: fx.Node, keep: bool, nd: int, buffer: str, conv_py: str, tiles_py: str, tiles: int
-) -> Val:
-    """The partials buffer as a tensor ``(T, N, C, 1, ...)`` (keepdim) or ``(T, N, C)``: folded over
-    its first dim it is the reduction's result."""
+    L: Lowering, red: fx.Node, keep: bool, nd: int, buffer: str, conv_py: str, tiles_py: str, lanes: bool
+) -> tuple[Val, int]:
+    """The partials buffer as a tensor ``(N, C, T)`` (``lanes``) or ``(T, N, C)``, then ``1``s for the
+    pooled dims where the reduction keeps them; returns it and the dim whose fold is the result."""
     n = L.order[red]
     ones = (1,) * nd if keep else ()
-    L.fwd(f"SQ{n} = ({tiles_py}, {conv_py}[0], {conv_py}[1]) + {ones!r}")
     conv = _shape(red.args[0]) if isinstance(red.args[0], fx.Node) else ()
-    return L.buffer_val(buffer, (tiles, *conv[:2], *ones), f"SQ{n}")
+    tiles = -(-math.prod(conv[2:]) // TILE_COLS)  # traced estimate (heuristics only)
+    if lanes:
+        L.fwd(f"SQ{n} = ({conv_py}[0], {conv_py}[1], {tiles_py}) + {ones!r}")
+        return L.buffer_val(buffer, (*conv[:2], tiles, *ones), f"SQ{n}"), 2
+    L.fwd(f"SQ{n} = ({tiles_py}, {conv_py}[0], {conv_py}[1]) + {ones!r}")
+    return L.buffer_val(buffer, (tiles, *conv[:2], *ones), f"SQ{n}"), 0
 
 
-def finish(L: Lowering, red: fx.Node, parts: Val, mean: bool, positions: str) -> None:
+def finish(L: Lowering, red: fx.Node, parts: Val, dim: int, mean: bool, positions: str) -> None:
     """Lower ``red`` now as the fold of the partials (divided by ``positions`` for a mean), with its own
     epilogue, and settle it (the walk then skips it)."""
     from kfoundry.plugins.llms.offline import lower_ops as ops
 
-    val = ops.reduce(L, red, parts, "sum", [0], False, divide_by=positions if mean else "")
+    val = ops.reduce(L, red, parts, "sum", [dim], False, divide_by=positions if mean else "")
     L.settle(red, val)
