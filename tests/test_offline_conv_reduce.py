@@ -143,3 +143,69 @@ def test_conv_reduce_cuda_compiles_for_sm90(key: str, tmp_path: Path) -> None:
         cmd = ["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), *flags, str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         assert proc.returncode == 0, f"{recipe.name}: {proc.stderr[-3000:]}"
+
+
+_MODEL = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = {conv}
+
+    def forward(self, x):
+        y = self.conv(x)
+        return {out}
+
+
+def get_inputs():
+    return [torch.rand({shape})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+#: (conv, the reduction of its output y, input shape, whether the conv epilogue folds it)
+FORMS = [
+    (
+        "nn.ConvTranspose2d(6, 8, 3, stride=2, padding=1, output_padding=1)",
+        "torch.relu(y).mean(dim=[-1, -2])",
+        "2, 6, 17, 15",
+        True,
+    ),
+    ("nn.Conv2d(8, 16, 3, groups=2)", "y.sum(dim=(2, 3), keepdim=True) * 0.5", "2, 8, 20, 17", True),
+    ("nn.Conv1d(4, 8, 5)", "torch.nn.functional.adaptive_avg_pool1d(y, 1)", "3, 4, 300", True),
+    ("nn.Conv3d(3, 8, 3)", "y.mean(dim=(2, 3, 4))", "2, 3, 6, 7, 8", True),
+    ("nn.Conv2d(3, 8, 3)", "y.mean(dim=3)", "2, 3, 20, 20", False),
+    ("nn.Conv2d(3, 8, 3)", "y.mean(dim=(2, 3), keepdim=True) + y", "2, 3, 20, 20", False),
+]
+
+
+@pytest.mark.parametrize(("conv", "out", "shape", "folds"), FORMS)
+def test_fold_forms_match_eager_on_pocl(
+    conv: str, out: str, shape: str, folds: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transposed strided, grouped, 1-D and 3-D convs folded; a partial-spatial mean or a conv output
+    with another consumer keeps the stored output."""
+    path = tmp_path / "chain.py"
+    path.write_text(_MODEL.format(conv=conv, out=out, shape=shape))
+    monkeypatch.setattr(lower_conv, "MIN_ROWS", 1)
+    monkeypatch.setattr(lower_conv_pool, "MIN_POSITIONS", 1)
+    problem = load_problem(path, {})
+    recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
+    namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    ref = problem.make_reference()
+    inputs = problem.make_inputs(1)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    with torch.no_grad():
+        expected = ref(*inputs)
+        got = model(*inputs)
+        synchronize()
+    assert ("psum" in recipe.kernel) == folds, _kernels(recipe.kernel)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
