@@ -8,7 +8,9 @@ transposed, between the strided input positions) and its filter tile beside it. 
 hold a CM x CN register block of a 16CM x 16CN output tile; the next step's loads are in registers
 while this step multiplies. The position of a thread's patch columns is decomposed once, outside the
 K loop, in 32-bit arithmetic. The output is written where it lies in the NC... layout, with the
-anchor's elementwise epilogue applied on store.
+anchor's elementwise epilogue applied on store; where a mean or sum over every spatial dim (or a
+one-cell adaptive average pool) is the only consumer, each tile writes its per-(image, channel) sums
+instead and a small fold finishes the reduction (:mod:`.lower_conv_pool`).
 
 A transposed convolution is the same product over its output positions (the gradient-style gather:
 input position ``(o + pad - k * dil) / stride`` where that divides exactly); grouped and depthwise
@@ -381,7 +383,7 @@ def emit_conv_gemm(
     gx_py = f"_cdiv({p_py}, 16 * p['CN'])"
     launch = f"grid=({gx_py}, _cdiv({cg_py}, 16 * p['CM']), {z_py}), block=(16, 16, 1)"
     parts = None
-    if pool:  # the kernel writes (tile, image, channel) partial sums, not the conv output
+    if pool:  # the kernel writes a partial sum per (tile, image, channel), not the conv output
         tiles_py = gx_py + "".join(f" * {s_}" for s_ in stride_py) if transposed else gx_py
         text = text.replace("KF_NGRP0", L.sym(gx_py)).replace("KF_NTILES", L.sym(tiles_py))
         parts = lower_conv_pool.partials_val(
