@@ -602,9 +602,11 @@ class Lowering:
         ``b(batch, k, j)`` load (any layout, prologues fused), ``coords(batch, i, j)`` places the output;
         ``sizes`` are the C expressions of M, N, K and ``grid_py`` the Python ones of N, M and the batch."""
         if self.coop:
-            return self.emit_blocked_mm(
-                out, py_shape, batch_dims, sizes, grid_py, a, b, coords, tag, node, bias
-            )
+            from kfoundry.plugins.llms.offline import lower_mm_warp
+
+            args = (out, py_shape, batch_dims, sizes, grid_py, a, b, coords, tag, node, bias)
+            warp = lower_mm_warp.emit(self, *args)
+            return warp if warp is not None else self.emit_blocked_mm(*args)
         M, N, K = sizes
         bc = [f"bc{k}" for k in range(len(batch_dims))]
         decl = "".join(

@@ -1,0 +1,97 @@
+"""The warp-tiled matrix products of the cooperative graph schedule (:mod:`.lower_mm_warp`).
+
+``graph/fused_coop`` runs its products of enough tiles in ``matmul/sgemm_warp``'s tiling; its logic is
+checked on PoCL (every product taken warp-tiled, :data:`.lower_mm_warp.MIN_TILES` 0) at small shapes and at
+shapes that are not multiples of the tiles, through the real evaluator; the CUDA text is compiled by nvcc.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from eval_helpers import fast_config
+
+from kfoundry.core.evaluation import Evaluator
+from kfoundry.core.models import Outcome
+from kfoundry.core.problem import load_problem
+from kfoundry.plugins.llms.offline import cookbook_graph, lower_mm_warp
+from kfoundry.plugins.llms.offline import lower as lowering
+from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+from kfoundry.plugins.llms.offline.recipe import Recipe
+
+DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
+SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
+
+#: (problem, shapes): the small shapes, and ragged ones (M, N, K past a tile and not multiples of 4)
+CASES = [
+    ("level2/gemm_sum.py", SMALL["level2/gemm_sum.py"]),
+    ("level2/gemm_max_subtract_gelu.py", {"batch_size": 131, "in_features": 37, "out_features": 263}),
+    ("level2/gemm_scale_batchnorm.py", {"batch_size": 5, "in_features": 21, "out_features": 270}),
+    ("level2/gemm_functional_layer_norm.py", {"batch_size": 130, "in_features": 19, "out_features": 33}),
+    ("level1/batched_matmul.py", {"batch_size": 2, "k": 21, "m": 131, "n": 9}),
+    pytest.param(  # four products (about a minute on PoCL)
+        "level2/linear_qk_scaled_softmax_matmul.py",
+        SMALL["level2/linear_qk_scaled_softmax_matmul.py"],
+        marks=pytest.mark.slow,
+    ),
+]
+
+
+def _coop(
+    key: str, shapes: dict[str, int], lang: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Recipe, object]:
+    monkeypatch.setattr(lower_mm_warp, "MIN_TILES", 0)  # every product warp-tiled
+    monkeypatch.setattr(lowering, "LANE_MIN", 4)
+    problem = load_problem(DATA / key, shapes)
+    spec = OfflineGenerator().spec(problem.summary())
+    return cookbook_graph.recipe(spec, lang, "graph/fused_coop", 2), problem
+
+
+def test_pick_takes_the_default_tile_where_the_product_fills_the_gpu() -> None:
+    assert lower_mm_warp.pick((1024, 8192), 0) == lower_mm_warp.TILES[0]
+    assert lower_mm_warp.pick((1024, 4096), 0) == lower_mm_warp.TILES[1]
+    assert lower_mm_warp.pick((128, 512), 0) is None  # too few tiles: the register-blocked schedule
+    assert lower_mm_warp.pick((4, 128, 256), 1, min_tiles=4) == lower_mm_warp.TILES[0]
+
+
+@pytest.mark.parametrize(("key", "shapes"), CASES)
+def test_warp_tiled_products_are_correct_on_pocl(
+    key: str, shapes: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe, problem = _coop(key, shapes, "opencl", monkeypatch)
+    assert lower_mm_warp.MARKER in recipe.kernel, key
+    with Evaluator(problem, fast_config(cache=False)) as evaluator:  # type: ignore[arg-type]
+        record = evaluator.evaluate_many([recipe.candidate()])[0]
+    assert record.outcome is Outcome.correct, f"{key}: {record.message}\n{(record.log or '')[-3000:]}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize(
+    "key", ["level2/gemm_sum.py", "level1/batched_matmul.py", "level2/linear_qk_scaled_softmax_matmul.py"]
+)
+def test_warp_tiled_cuda_compiles_without_spills(
+    key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe, _ = _coop(key, SMALL[key], "cuda", monkeypatch)
+    assert lower_mm_warp.MARKER in recipe.kernel and "shared_mem=" in recipe.forward
+    src = tmp_path / "k.cu"
+    src.write_text(recipe.kernel)
+    flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()]
+    cmd = [
+        "nvcc",
+        "-arch=sm_90",
+        "-cubin",
+        "--resource-usage",
+        "-o",
+        str(tmp_path / "k.cubin"),
+        *flags,
+        str(src),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " 0 bytes spill stores" in proc.stdout + proc.stderr
+    assert "bytes spill" not in (proc.stdout + proc.stderr).replace(" 0 bytes spill", "")
