@@ -84,6 +84,7 @@ def test_warp_tiled_cuda_compiles_without_spills(
 ) -> None:
     recipe, _ = _coop(key, SMALL[key], "cuda", monkeypatch)
     assert lower_mm_warp.MARKER in recipe.kernel and "shared_mem=" in recipe.forward
+    assert "__ldg(reinterpret_cast<const float4*>" in recipe.kernel  # plain operands: 16-byte loads
     src = tmp_path / "k.cu"
     src.write_text(recipe.kernel)
     flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()]
@@ -138,3 +139,16 @@ def test_warp_tiled_cuda_matches_eager_on_the_cpu_emulation(
     with torch.no_grad():
         got = model(*inputs)
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_vector_runs_only_for_a_float_buffer_indexed_last_by_the_run() -> None:
+    floats = {"buf0"}
+    assert (
+        lower_mm_warp.vector_run("buf0[((i) * z2 + (ka))]", "ka", "ka0", floats)
+        == "buf0 + ((i) * z2 + (ka0))"
+    )
+    assert lower_mm_warp.vector_run("buf1[((i) * z2 + (ka))]", "ka", "ka0", floats) is None  # not float
+    assert lower_mm_warp.vector_run("buf0[((ka) * z2 + (i))]", "ka", "ka0", floats) is None  # strided
+    assert (
+        lower_mm_warp.vector_run("expf(buf0[((i) * z2 + (ka))])", "ka", "ka0", floats) is None
+    )  # a prologue

@@ -18,6 +18,7 @@ is past the 48 KB of static shared memory); on OpenCL (PoCL: the schedule's logi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -73,37 +74,69 @@ def pick(out: tuple[int, ...], nbatch: int, min_tiles: int | None = None) -> Til
     return None
 
 
-def _loads(t: Tile, a: str, b: str, kfast: bool, M: str, N: str, K: str) -> str:
+def vector_run(expr: str, var: str, start: str, floats: set[str]) -> str | None:
+    """The address of the element of ``expr`` at ``var = start`` where ``expr`` reads a float buffer (of
+    ``floats``) at an index ending in ``+ (var)`` (elements ``start .. start + 3`` then lie side by side);
+    None otherwise (another layout, a conversion, a fused prologue)."""
+    m = re.fullmatch(rf"(buf\d+)\[\((.*) \+ \({var}\)\)\]", expr.strip())
+    if m is None or m.group(1) not in floats or re.search(rf"\b{var}\b", m.group(2)):
+        return None
+    return f"{m.group(1)} + ({m.group(2)} + ({start}))"
+
+
+def _run(lang: str, dst: str, expr: str, var: str, start: str, ok: str, bound: str, floats: set[str]) -> str:
+    """Statements setting ``dst[4 * l + u]`` (u = 0..3) to ``expr`` at ``var = start + u`` (zero where
+    ``ok`` fails or ``var`` reaches ``bound``): one 16-byte load where the run is a float buffer's, in
+    bounds and aligned (sgemm_warp's LDG.128), four predicated loads otherwise."""
+    scalar = f"""for (int u = 0; u < 4; ++u) {{
+                const kf_long {var} = {start} + u;
+                {dst}[4 * l + u] = ({ok} && {var} < {bound}) ? ({expr}) : 0.0f;
+            }}"""
+    addr = vector_run(expr, var, start, floats)
+    if addr is None:
+        return "#pragma unroll\n            " + scalar
+    if lang == "cuda":
+        aligned, ld = "(reinterpret_cast<size_t>(pv) & 15) == 0", "__ldg(reinterpret_cast<const float4*>(pv))"
+    else:
+        aligned, ld = "((ulong)pv & 15) == 0", "vload4(0, pv)"
+    d = f"{dst}[4 * l"
+    return f"""const KF_G float* pv = {addr};
+            if ({ok} && {start} + 3 < {bound} && {aligned}) {{
+                const float4 v = {ld};
+                {d}] = v.x; {d} + 1] = v.y; {d} + 2] = v.z; {d} + 3] = v.w;
+            }} else {{
+                #pragma unroll
+                {scalar}
+            }}"""
+
+
+def _loads(
+    t: Tile, lang: str, a: str, b: str, kfast: bool, sizes: tuple[str, str, str], floats: set[str]
+) -> str:
     """Statements loading the step at ``k0`` into ``ga`` / ``gb`` (a, b: the element expressions of
     ``(i, ka)`` and ``(kb, j)``): each thread runs of 4 consecutive elements along K (A; B where ``kfast``)
-    or along N (B otherwise), sgemm_warp's float4s (one address per run: few registers)."""
+    or along N (B otherwise), sgemm_warp's float4s (:func:`_run`)."""
+    M, N, K = sizes
     ea, eb, kq = t.BM * t.BK // 4 // t.nt, t.BN * t.BK // 4 // t.nt, t.BK // 4
     if kfast:
-        bmap = (
-            f"const int r = e / {kq}, q = (e % {kq}) * 4; const kf_long j = j0 + r; const bool ok = j < {N};"
-        )
-        bel = f"const kf_long kb = k0 + q + u; gb[4 * l + u] = (ok && kb < {K}) ? ({b}) : 0.0f;"
+        bmap = f"const int r = e / {kq}, q = (e % {kq}) * 4; const kf_long j = j0 + r, kb0 = k0 + q;"
+        brun = _run(lang, "gb", b, "kb", "kb0", f"(j < {N})", K, floats)
     else:
         nq = t.BN // 4
-        bmap = f"const int r = e / {nq}, q = (e % {nq}) * 4; const kf_long kb = k0 + r; const bool ok = kb < {K};"
-        bel = f"const kf_long j = j0 + q + u; gb[4 * l + u] = (ok && j < {N}) ? ({b}) : 0.0f;"
+        bmap = f"const int r = e / {nq}, q = (e % {nq}) * 4; const kf_long kb = k0 + r, jq = j0 + q;"
+        brun = _run(lang, "gb", b, "j", "jq", f"(kb < {K})", N, floats)
+    arun = _run(lang, "ga", a, "ka", "ka0", f"(i < {M})", K, floats)
     return f"""        #pragma unroll
         for (int l = 0; l < {ea}; ++l) {{
             const int e = tid + {t.nt} * l, r = e / {kq}, q = (e % {kq}) * 4;
-            const kf_long i = i0 + r;
-            const bool ok = i < {M};
-            #pragma unroll
-            for (int u = 0; u < 4; ++u) {{
-                const kf_long ka = k0 + q + u;
-                ga[4 * l + u] = (ok && ka < {K}) ? ({a}) : 0.0f;
-            }}
+            const kf_long i = i0 + r, ka0 = k0 + q;
+            {arun}
         }}
         #pragma unroll
         for (int l = 0; l < {eb}; ++l) {{
             const int e = tid + {t.nt} * l;
             {bmap}
-            #pragma unroll
-            for (int u = 0; u < 4; ++u) {{ {bel} }}
+            {brun}
         }}"""
 
 
@@ -136,9 +169,11 @@ def body(
     b: str,
     kfast: bool,
     store: str,
+    floats: set[str],
 ) -> str:
     """The kernel body of tile ``t`` in ``lang``; ``smem`` names the shared array, ``decl`` declares the
-    batch coordinates from ``bz``, ``store`` writes ``acc`` at ``(i, j)`` (bounds checked by the caller)."""
+    batch coordinates from ``bz``, ``store`` writes ``acc`` at ``(i, j)`` (bounds checked by the caller),
+    ``floats`` the float buffers whose runs may be read as float4s."""
     M, N, K = sizes
     sa, sb = t.BM + 4, t.BN + (4 if kfast else 0)
     words = 2 * t.BK * (sa + sb)
@@ -153,7 +188,7 @@ def body(
         else f"__local float {smem}[{words}];"
     )
     lr, lc = t.WM // t.TM, t.WN // t.TN
-    loads = _loads(t, a, b, kfast, M, N, K)
+    loads = _loads(t, lang, a, b, kfast, sizes, floats)
     frag = f"""            float ra[{t.TM}], rv[{t.TN}];
             #pragma unroll
             for (int r = 0; r < {t.TM // 4}; ++r) {{
@@ -264,7 +299,8 @@ def emit(
     store = f"{add} y[{horner(cs, dims)}] = {epi};"
     kfast = tag == "lintile"
     smem = f"kf_wsm{L.nk}"
-    text = body(t, L.lang, smem, decl, sizes, a(bc, "i", "ka"), b(bc, "kb", "j"), kfast, store)
+    floats = {p for p, (_, ctype_) in L.ptrs.items() if ctype_ == "float"}
+    text = body(t, L.lang, smem, decl, sizes, a(bc, "i", "ka"), b(bc, "kb", "j"), kfast, store, floats)
     L.fwd(f"b{L.nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     gx, gy, gz = grid_py
     launch = f"grid=(_cdiv({gx}, {t.BN}), _cdiv({gy}, {t.BM}), max(1, {gz})), block=({t.nt}, 1, 1)"
