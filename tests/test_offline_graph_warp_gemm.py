@@ -39,6 +39,10 @@ POCL = [
     CASES[0],
     CASES[4],
     *(pytest.param(*c, marks=pytest.mark.slow) for c in CASES[1:4]),
+    *(
+        pytest.param(k, SMALL[k], marks=pytest.mark.slow)
+        for k in ("level2/attention_matmul_softmax_matmul.py",)
+    ),
     pytest.param(  # four products (about a minute)
         "level2/linear_qk_scaled_softmax_matmul.py",
         SMALL["level2/linear_qk_scaled_softmax_matmul.py"],
