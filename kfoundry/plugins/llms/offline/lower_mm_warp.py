@@ -96,14 +96,17 @@ def _run(lang: str, dst: str, expr: str, var: str, start: str, ok: str, bound: s
     if addr is None:
         return "#pragma unroll\n            " + scalar
     if lang == "cuda":
-        aligned, ld = "(reinterpret_cast<size_t>(pv) & 15) == 0", "__ldg(reinterpret_cast<const float4*>(pv))"
+        aligned, ld = (
+            "(reinterpret_cast<size_t>(kf_pv) & 15) == 0",
+            "__ldg(reinterpret_cast<const float4*>(kf_pv))",
+        )
     else:
-        aligned, ld = "((ulong)pv & 15) == 0", "vload4(0, pv)"
+        aligned, ld = "((ulong)kf_pv & 15) == 0", "vload4(0, kf_pv)"
     d = f"{dst}[4 * l"
-    return f"""const KF_G float* pv = {addr};
+    return f"""const KF_G float* kf_pv = {addr};
             if ({ok} && {start} + 3 < {bound} && {aligned}) {{
-                const float4 v = {ld};
-                {d}] = v.x; {d} + 1] = v.y; {d} + 2] = v.z; {d} + 3] = v.w;
+                const float4 kf_v = {ld};
+                {d}] = kf_v.x; {d} + 1] = kf_v.y; {d} + 2] = kf_v.z; {d} + 3] = kf_v.w;
             }} else {{
                 #pragma unroll
                 {scalar}
@@ -299,8 +302,9 @@ def emit(
     store = f"{add} y[{horner(cs, dims)}] = {epi};"
     kfast = tag == "lintile"
     smem = f"kf_wsm{L.nk}"
+    ea, eb = a(bc, "i", "ka"), b(bc, "kb", "j")
     floats = {p for p, (_, ctype_) in L.ptrs.items() if ctype_ == "float"}
-    text = body(t, L.lang, smem, decl, sizes, a(bc, "i", "ka"), b(bc, "kb", "j"), kfast, store, floats)
+    text = body(t, L.lang, smem, decl, sizes, ea, eb, kfast, store, floats)
     L.fwd(f"b{L.nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     gx, gy, gz = grid_py
     launch = f"grid=(_cdiv({gx}, {t.BN}), _cdiv({gy}, {t.BM}), max(1, {gz})), block=({t.nt}, 1, 1)"
