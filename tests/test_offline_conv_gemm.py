@@ -12,12 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from offline_helpers import run_against_eager
 
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph, lower_conv
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, synchronize
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
@@ -50,19 +49,7 @@ def _run(key: str, block: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> t
     monkeypatch.setattr(lower_conv, "MIN_ROWS", 1)  # small shapes: every convolution as a GEMM
     problem = load_problem(DATA / key, SMALL.get(key, {}))
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
-    params = {**recipe.defaults, "CM": block[0], "CN": block[1]}
-    namespace = {"PARAMS": params, "__name__": "kf_candidate", "load": load}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
-    torch.manual_seed(0)
-    ref = problem.make_reference()
-    inputs = problem.make_inputs(1)
-    torch.manual_seed(0)
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    with torch.no_grad():
-        expected = ref(*inputs)
-        got = model(*inputs)
-        synchronize()
-    assert got.shape == expected.shape
+    got, expected = run_against_eager(problem, recipe, {**recipe.defaults, "CM": block[0], "CN": block[1]})
     return recipe.kernel, (got - expected).abs().max().item(), expected.abs().max().item()
 
 

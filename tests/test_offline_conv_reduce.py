@@ -13,17 +13,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import torch
+from offline_helpers import nvcc_resources, run_against_eager
 
-from kfoundry.core.plugins import get_plugin
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph, lower_conv, lower_conv_pool, lower_ops
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, set_backend, synchronize
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
@@ -48,10 +45,8 @@ MID = {"batch_size": 2, "in_channels": 3, "out_channels": 8, "height": 96, "widt
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pocl() -> None:
-    backend = get_plugin("backend", "opencl").build({})
-    backend.require_device()
-    set_backend(backend)
+def _pocl(pocl_runtime: None) -> None:
+    """Every kernel here runs on PoCL."""
 
 
 def _kernels(source: str) -> list[str]:
@@ -68,18 +63,7 @@ def _run(
     monkeypatch.setattr(lower_conv_pool, "MIN_POSITIONS", 1 if fold else 1 << 40)
     problem = load_problem(DATA / key, shape)
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", name, 1)
-    namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
-    torch.manual_seed(0)
-    ref = problem.make_reference()
-    inputs = problem.make_inputs(1)
-    torch.manual_seed(0)
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    with torch.no_grad():
-        expected = ref(*inputs)
-        got = model(*inputs)
-        synchronize()
-    assert got.shape == expected.shape
+    got, expected = run_against_eager(problem, recipe)
     return recipe.kernel, (got - expected).abs().max().item(), expected.abs().max().item()
 
 
@@ -137,12 +121,7 @@ def test_conv_reduce_cuda_compiles_for_sm90(key: str, tmp_path: Path) -> None:
         if recipe.name == "graph/unfused":
             continue
         assert "convgemm" in names[0] and "psum" in recipe.kernel, (recipe.name, names)
-        src = tmp_path / "k.cu"
-        src.write_text(recipe.kernel)
-        flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()]
-        cmd = ["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), *flags, str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, f"{recipe.name}: {proc.stderr[-3000:]}"
+        nvcc_resources(recipe.kernel, recipe.defaults, tmp_path)
 
 
 _MODEL = """import torch
@@ -195,17 +174,6 @@ def test_fold_forms_match_eager_on_pocl(
     monkeypatch.setattr(lower_conv_pool, "MIN_POSITIONS", 1)
     problem = load_problem(path, {})
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
-    namespace = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
-    torch.manual_seed(0)
-    ref = problem.make_reference()
-    inputs = problem.make_inputs(1)
-    torch.manual_seed(0)
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    with torch.no_grad():
-        expected = ref(*inputs)
-        got = model(*inputs)
-        synchronize()
+    got, expected = run_against_eager(problem, recipe)
     assert ("psum" in recipe.kernel) == folds, _kernels(recipe.kernel)
-    assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())

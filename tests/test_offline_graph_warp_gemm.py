@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from eval_helpers import fast_config
+from offline_helpers import nvcc_resources
 
 from kfoundry.core.evaluation import Evaluator
 from kfoundry.core.models import Outcome
@@ -89,23 +89,9 @@ def test_warp_tiled_cuda_compiles_without_spills(
     recipe, _ = _coop(key, SMALL[key], "cuda", monkeypatch)
     assert lower_mm_warp.MARKER in recipe.kernel and "shared_mem=" in recipe.forward
     assert "__ldg(reinterpret_cast<const float4*>" in recipe.kernel  # plain operands: 16-byte loads
-    src = tmp_path / "k.cu"
-    src.write_text(recipe.kernel)
-    flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()]
-    cmd = [
-        "nvcc",
-        "-arch=sm_90",
-        "-cubin",
-        "--resource-usage",
-        "-o",
-        str(tmp_path / "k.cubin"),
-        *flags,
-        str(src),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert " 0 bytes spill stores" in proc.stdout + proc.stderr
-    assert "bytes spill" not in (proc.stdout + proc.stderr).replace(" 0 bytes spill", "")
+    report = nvcc_resources(recipe.kernel, recipe.defaults, tmp_path)
+    assert " 0 bytes spill stores" in report
+    assert "bytes spill" not in report.replace(" 0 bytes spill", "")
 
 
 #: the emulation's cases (outputs that a uniform error in the product would change)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from offline_helpers import nvcc_resources
 from test_offline_scan_reverse import build, problem_file, run
 
 from kfoundry.plugins.llms.offline import cookbook_graph, lower_scan
@@ -65,25 +65,9 @@ def test_fused_rows_cuda_compiles_for_sm90(key: str, tmp_path: Path) -> None:
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "cuda", "graph/fused_coop", 2)
     assert "__cluster_dims__(KF_CL, 1, 1)" in recipe.kernel and "_program(KF_CL=_kf_cl)" in recipe.forward
     assert len(re.findall(r"^KF_KERNEL .*\bk\d+_\w+\(", recipe.kernel, re.M)) == 1
-    src = tmp_path / "k.cu"
-    src.write_text(recipe.kernel)
     for cl in (1, 8):
-        flags = [f"-D{k}={v}" for k, v in recipe.defaults.items()] + [f"-DKF_CL={cl}"]
-        cmd = [
-            "nvcc",
-            "-arch=sm_90",
-            "-cubin",
-            "--resource-usage",
-            "-o",
-            str(tmp_path / "k.cubin"),
-            *flags,
-            str(src),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        spills = [
-            ln for ln in (proc.stdout + proc.stderr).splitlines() if re.search(r"[1-9]\d* bytes spill", ln)
-        ]
+        report = nvcc_resources(recipe.kernel, {**recipe.defaults, "KF_CL": cl}, tmp_path)
+        spills = [ln for ln in report.splitlines() if re.search(r"[1-9]\d* bytes spill", ln)]
         assert not spills, spills
 
 

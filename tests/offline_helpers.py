@@ -1,0 +1,57 @@
+"""Shared helpers of the offline-generator tests: a recipe run against eager PyTorch, and nvcc's
+resource report for a generated CUDA source."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kfoundry.runtime import load, synchronize
+
+
+def run_against_eager(
+    problem: Any, recipe: Any, params: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(got, expected): ``recipe``'s ``ModelNew`` (initialised as the reference, seed 0) and the eager
+    reference on the same inputs (seed 1), under ``no_grad``; the shapes are checked to match."""
+    namespace: dict[str, Any] = {
+        "PARAMS": dict(params or recipe.defaults),
+        "__name__": "kf_candidate",
+        "load": load,
+    }
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
+    torch.manual_seed(0)
+    ref = problem.make_reference()
+    inputs = problem.make_inputs(1)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    with torch.no_grad():
+        expected = ref(*inputs)
+        got = model(*inputs)
+        synchronize()
+    assert got.shape == expected.shape, recipe.name
+    return got, expected
+
+
+def nvcc_resources(source: str, defines: dict[str, Any], tmp_path: Path) -> str:
+    """nvcc's ``--resource-usage`` report of ``source`` compiled for sm_90 with ``defines`` (asserted to
+    compile)."""
+    src = tmp_path / "k.cu"
+    src.write_text(source)
+    flags = [f"-D{k}={v}" for k, v in defines.items()]
+    cmd = [
+        "nvcc",
+        "-arch=sm_90",
+        "-cubin",
+        "--resource-usage",
+        "-o",
+        str(tmp_path / "k.cubin"),
+        *flags,
+        str(src),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
