@@ -216,6 +216,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_X) elementwise({sig}, int vec
     )
     out.append(_vector_ilp(spec, expr, sig, nin))
     out.append(_vector_blocked(spec, expr, sig, nin))
+    helpers = prelude(expr, "cuda")
+    for r in out:
+        r.kernel = helpers + r.kernel
     return out
 
 

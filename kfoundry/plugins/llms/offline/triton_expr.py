@@ -33,6 +33,7 @@ _FUNCTIONS = {
     "log2": "tl.log2({0})",
     "tanh": "(2.0 * tl.sigmoid(2.0 * ({0})) - 1.0)",
     "expm1": "(tl.exp({0}) - 1.0)",
+    "kf_expm1": "(tl.exp({0}) - 1.0)",
     "log1p": "tl.log(1.0 + ({0}))",
     "log10": "(tl.log({0}) * 0.4342944819032518)",
     "tan": "(tl.sin({0}) / tl.cos({0}))",
