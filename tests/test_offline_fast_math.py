@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline.elementwise_ops import node_expr, reciprocal_literal
@@ -119,3 +120,17 @@ def test_cuda_recipes_compile(tmp_path: Path) -> None:
         defines = {k: v for k, v in recipe.defaults.items() if isinstance(v, int)}
         report = nvcc_resources(recipe.kernel, defines, tmp_path)
         assert "spill" not in report or "0 bytes spill" in report, (recipe.name, report)
+
+
+def test_triton_forms_of_the_helpers() -> None:
+    """The Triton text of ``kf_mish`` / ``kf_expm1`` evaluates to mish / expm1 (torch standing in for tl)."""
+    from types import SimpleNamespace
+
+    from kfoundry.plugins.llms.offline.triton_expr import triton_expr
+
+    tl = SimpleNamespace(where=torch.where, exp=torch.exp)
+    v0 = torch.linspace(-30.0, 30.0, 6001, dtype=torch.float64)
+    mish = eval(triton_expr("kf_mish(v0)"), {"tl": tl, "v0": v0})  # noqa: S307 - our own generated text
+    torch.testing.assert_close(mish, F.mish(v0), rtol=1e-12, atol=1e-12)
+    expm1 = eval(triton_expr("kf_expm1(v0)"), {"tl": tl, "v0": v0})  # noqa: S307
+    torch.testing.assert_close(expm1, torch.expm1(v0), rtol=1e-9, atol=1e-12)

@@ -67,39 +67,49 @@ _KEEP = """{q} int kf_keep(kf_long i, int seed, float p) {{
 """
 
 
-#: expm1 in one exponential (both languages): below |u| = 1 its Taylor series to u^10 (truncation under
-#: 3e-8 relative), else exp(u) - 1 (no cancellation there: |exp(u) - 1| >= 0.63). Within a few ulps of
-#: expm1 everywhere, NaN and +-inf kept; a third of CUDA's expm1f's instructions.
-KF_EXPM1 = """#define KF_EXPM1_IMPL(Q, T) \\
-Q T kf_expm1(T u) { \\
+#: Math helpers in one exponential, as ``KF_HELPER(Q, T)`` bodies over the language's ``KF_EXP``, ``KF_ABS``
+#: and ``KF_FDIV`` (a quotient within 2 ulps: CUDA's ``__fdividef`` where the divisor stays below 2^126).
+#: ``kf_expm1``: below |u| = 1 its Taylor series to u^10 (truncation under 3e-8 relative), else exp(u) - 1
+#: (no cancellation there: |exp(u) - 1| >= 0.63); a third of CUDA's expm1f. ``kf_mish``: tanh(log1p(e)) =
+#: n / (n + 2), n = e (e + 2), e = exp(a) (past a = 20 the ratio is 1 in fp32; a = -inf gives -inf * 0 =
+#: NaN, as torch). Both within a few ulps, NaN and +-inf kept.
+MATH_HELPERS = {
+    "kf_expm1": """Q T kf_expm1(T u) { \\
     T p = u * (1.0f + u * (0.5f + u * (0.166666672f + u * (0.0416666679f + u * (0.00833333377f + u * (0.00138888892f \\
         + u * (0.000198412701f + u * (2.48015876e-05f + u * (2.75573188e-06f + u * 2.75573188e-07f))))))))); \\
-    return KF_EXPM1_ABS(u) < 1.0f ? p : KF_EXPM1_EXP(u) - 1.0f; \\
+    return KF_ABS(u) < 1.0f ? p : KF_EXP(u) - 1.0f; \\
+}""",
+    "kf_mish": """Q T kf_mish(T a) { \\
+    T e = KF_EXP(a); T n = e * (e + 2.0f); \\
+    return a > 20.0f ? a : a * KF_FDIV(n, n + 2.0f); \\
+}""",
 }
-"""
+
+_HELPER_MACROS = {
+    "cuda": ("expf", "fabsf", "__fdividef", ["static __device__ __forceinline__, float"]),
+    "opencl": ("exp", "fabs", "KF_QUOT", ["static inline __attribute__((overloadable)), float"]),
+}
 
 
-def _expm1_prelude(lang: str) -> str:
-    if lang == "cuda":
-        return (
-            "#ifndef KF_EXPM1_DEFINED\n#define KF_EXPM1_DEFINED\n#define KF_EXPM1_ABS fabsf\n"
-            "#define KF_EXPM1_EXP expf\n"
-            + KF_EXPM1
-            + "KF_EXPM1_IMPL(static __device__ __forceinline__, float)\n#endif\n"
-        )
-    return (
-        "#ifndef KF_EXPM1_DEFINED\n#define KF_EXPM1_DEFINED\n#define KF_EXPM1_ABS fabs\n#define KF_EXPM1_EXP exp\n"
-        + KF_EXPM1
-        + "KF_EXPM1_IMPL(static inline __attribute__((overloadable)), float)\n"
-        "#ifdef VW\nKF_EXPM1_IMPL(static inline __attribute__((overloadable)), floatv)\n#endif\n#endif\n"
-    )
+def _helper_prelude(name: str, lang: str) -> str:
+    """The definition of math helper ``name`` (:data:`MATH_HELPERS`) in ``lang``, guarded against a repeat."""
+    exp, fabs, fdiv, instances = _HELPER_MACROS[lang]
+    guard = f"{name.upper()}_DEFINED"
+    out = f"#ifndef {guard}\n#define {guard}\n#define KF_HELPER(Q, T) \\\n{MATH_HELPERS[name]}\n"
+    out += f"#define KF_EXP {exp}\n#define KF_ABS {fabs}\n#define KF_FDIV {fdiv}\n#define KF_QUOT(a, b) ((a) / (b))\n"
+    out += "".join(f"KF_HELPER({q})\n" for q in instances)
+    if lang == "opencl":
+        out += "#ifdef VW\nKF_HELPER(static inline __attribute__((overloadable)), floatv)\n#endif\n"
+    out += "#undef KF_HELPER\n#undef KF_EXP\n#undef KF_ABS\n#undef KF_FDIV\n#undef KF_QUOT\n#endif\n"
+    return out
 
 
 def prelude(expr: str, lang: str) -> str:
     """Helper definitions an expression needs (empty when none)."""
     out = OPENCL_MATH_PRELUDE if lang == "opencl" and "kf_erf" in expr else ""
-    if "kf_expm1(" in expr:
-        out += _expm1_prelude(lang)
+    for name in MATH_HELPERS:
+        if f"{name}(" in expr:
+            out += _helper_prelude(name, lang)
     if "kf_keep(" in expr:
         out += _KEEP.format(q="__device__ __forceinline__" if lang == "cuda" else "")
     return out
@@ -160,12 +170,7 @@ def _unary(name: str, a: str, lang: str, **kw: Any) -> str:
             f"(({a}) / (1.0f + {f('exp')}(-1.5957691216057308f * (({a}) + 0.044715f * ({a}) * ({a}) * ({a})))))"
         ),
         "silu": lambda: f"(({a}) / (1.0f + {f('exp')}(-({a}))))",
-        # tanh(log1p(e)) = n / (n + 2) with n = e (e + 2), e = exp(a): one exponential for tanh, log1p
-        # and exp (past a = 20 the ratio is 1 in fp32; a = -inf gives -inf * 0 = NaN, as torch)
-        "mish": lambda: (
-            f"(({a}) > 20.0f ? ({a}) : ({a}) * ({f('exp')}({a}) * ({f('exp')}({a}) + 2.0f)) "
-            f"/ ({f('exp')}({a}) * ({f('exp')}({a}) + 2.0f) + 2.0f))"
-        ),
+        "mish": lambda: f"kf_mish({a})",
         # branch-free forms (so a chain can run in vector arithmetic): equal to torch's up to rounding
         "softplus": lambda: f"({f('fmax')}({a}, 0.0f) + {f('log1p')}({f('exp')}(-{f('fabs')}({a}))))",
         "exp": lambda: f"{f('exp')}({a})",

@@ -880,8 +880,10 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
         else:  # a thread per row: the max and the sum in one read, the row read twice in all
             s = _online_max_sum(L, R, x, f("exp"))
         w = L.fresh("r")
-        val = f"(({x(w)}) - mx - {f('log')}(den))" if log else f"({f('exp')}(({x(w)}) - mx) / den)"
-        return s + f"\n        {row_loop(w, R, ln)} {store(at(w), val)}"
+        # one division per row: each element is multiplied by the sum's reciprocal (within an ulp)
+        val = f"(({x(w)}) - mx - {f('log')}(den))" if log else f"({f('exp')}(({x(w)}) - mx) * rden)"
+        recip = "" if log else "\n        const float rden = 1.0f / den;"
+        return s + f"{recip}\n        {row_loop(w, R, ln)} {store(at(w), val)}"
 
     return L.emit_rows(src.shape, f"S{n}", [d], body, "logsoftmax" if log else "softmax", node=node)
 
