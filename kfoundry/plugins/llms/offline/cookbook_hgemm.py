@@ -86,13 +86,13 @@ def _scalar_kernel(epi: str) -> str:
 """
 
 
-def _mma_kernel(epilogue: str, epi: str) -> str:
+def _mma_helpers(epilogue: str) -> str:
+    """The epilogue, 16-bit conversions, cp.async, ``kf_pack``, ``kf_mma`` (emulated by warp shuffles
+    without sm_80) and ``kf_saddr``: shared by both tensor-core programs."""
     return f"""{epilogue}{CU_HALF}{CP_ASYNC}
 #ifndef KF_HSMEM_DECL
 #define KF_HSMEM_DECL extern __shared__ __align__(16) unsigned short kf_hsmem[];
 #endif
-#define SAH 40
-#define SBH 136
 #if HALF_BF16
 #define KF_MMA_TYPES "f32.bf16.bf16.f32"
 #else
@@ -133,7 +133,13 @@ __device__ __forceinline__ unsigned kf_saddr(const void* p) {{
     return s;
 }}
 #endif
+"""
 
+
+def _mma_kernel(epilogue: str, epi: str) -> str:
+    return f"""{_mma_helpers(epilogue)}
+#define SAH 40
+#define SBH 136
 {_scalar_kernel(epi)}
 extern "C" __global__ void __launch_bounds__(256) matmul(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
                                                          unsigned short* __restrict__ C, int M, int N, int K) {{
@@ -251,6 +257,180 @@ extern "C" __global__ void __launch_bounds__(256) matmul(const unsigned short* _
 """
 
 
+#: ``matmul/mma_pipe``'s kernel (``@EPI_LO@`` / ``@EPI_HI@``: the epilogue of an output pair).
+_PIPE = r"""
+#define WN (BN / 4)                 // warp tile: 64 rows x WN columns (warps 2 x 4 over the 128 x BN block tile)
+#define NJ (WN / 8)                 // n8 MMA columns per warp
+#define KS (BK / 16)                // k16 MMA steps per BK tile
+#define SA (BK + 8)                 // padded row strides (halves): a row is 16 bytes past a multiple of 128,
+#define SB (BN + 8)                 // so ldmatrix's 8 rows of 16 bytes hit 8 distinct bank groups
+#define A_ST (128 * SA)             // one stage of A: [128][SA], k contiguous
+#define B_ST (BK * SB)              // one stage of B: [BK][SB], n contiguous
+#define ACH (128 * BK / 8 / 256)    // 16-byte copies per thread and stage: A
+#define BCH (BK * BN / 8 / 256)     // ... B
+// lane l's value v as seen by lane src (the emulated ldmatrix's row addresses)
+__device__ __forceinline__ int kf_lane(int v, int src) {
+    return (int)__shfl_xor_sync(0xffffffffu, (long long)v, (int)(threadIdx.x & 31) ^ src);
+}
+// ldmatrix.x4 (TRANS: .trans): lane l gives the row address (halves from the shared base) of row l & 7 of
+// matrix l >> 3; r[i] gets matrix i's row l / 4, columns 2 (l % 4) + {0, 1} (TRANS: rows 2 (l % 4) + {0, 1},
+// column l / 4), the lower index in the low half
+template <int TRANS>
+__device__ __forceinline__ void kf_ldsm(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3,
+                                        const unsigned short* sm, unsigned sbase, int off) {
+#ifdef KF_CP_ASYNC
+    const unsigned a = sbase + 2u * (unsigned)off;
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+#else
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    unsigned* r[4] = {&r0, &r1, &r2, &r3};
+    for (int i = 0; i < 4; ++i) {
+        if (TRANS) {
+            const int p0 = kf_lane(off, 8 * i + 2 * q), p1 = kf_lane(off, 8 * i + 2 * q + 1);
+            *r[i] = kf_pack(sm[p0 + g], sm[p1 + g]);
+        } else {
+            const int p = kf_lane(off, 8 * i + g);
+            *r[i] = kf_pack(sm[p + 2 * q], sm[p + 2 * q + 1]);
+        }
+    }
+#endif
+}
+// 16 bytes global -> shared (dst: generic pointer and shared address of the same bytes), zeros where !ok
+__device__ __forceinline__ void kf_cpa(unsigned short* dst, unsigned sdst, const unsigned short* src, bool ok) {
+#ifdef KF_CP_ASYNC
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(sdst), "l"(src), "r"(ok ? 16 : 0));
+#else
+    for (int j = 0; j < 8; ++j) dst[j] = ok ? src[j] : (unsigned short)0;
+#endif
+}
+
+@SCALAR@
+extern "C" __global__ void __launch_bounds__(256, 1) matmul(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+                                                            unsigned short* __restrict__ C, int M, int N, int K) {
+    KF_HSMEM_DECL
+    unsigned short* hs = kf_hsmem;   // [STAGES][128][SA] A tiles, then [STAGES][BK][SB] B tiles
+#ifdef KF_CP_ASYNC
+    const unsigned sbase = kf_saddr(kf_hsmem);
+#else
+    const unsigned sbase = 0;
+#endif
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int bx = blockIdx.x, by = blockIdx.y;
+#if SWZ > 0
+    {   // groups of SWZ tile rows, column-major inside a group (a group's A rows and B columns stay in L2)
+        const int gx = gridDim.x, gy = gridDim.y, pid = by * gx + bx, span = SWZ * gx;
+        const int first = (pid / span) * SWZ, rows = min(gy - first, SWZ);
+        by = first + (pid % span) % rows;
+        bx = (pid % span) / rows;
+    }
+#endif
+    const int bm = by * 128, bn = bx * BN;
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * WN;
+    const int ntiles = (K + BK - 1) / BK;
+    // stage s <- k tile t (16-byte copies; rows past M / K and columns past N zero-filled: K % 8 == N % 8 == 0).
+    // A: thread tid copies rows ar + i * AR, columns ac..ac+7 of the tile; B: rows br + i * BR, columns bc..bc+7
+    const int ar = tid / (BK / 8), ac = (tid % (BK / 8)) * 8, br = tid / (BN / 8), bc = (tid % (BN / 8)) * 8;
+    const unsigned short* ga = A + (size_t)min(bm + ar, M - 1) * K + ac;
+    const unsigned short* gb = B + bn + bc;
+    auto load = [&](int t, int s) {
+        const int k0 = t * BK;
+        #pragma unroll
+        for (int i = 0; i < ACH; ++i) {
+            const int r = ar + i * (256 / (BK / 8));
+            const bool ok = bm + r < M && k0 + ac < K;
+            const int o = s * A_ST + r * SA + ac;
+            kf_cpa(hs + o, sbase + 2u * (unsigned)o, ok ? ga + (size_t)i * (256 / (BK / 8)) * K + k0 : A, ok);
+        }
+        #pragma unroll
+        for (int i = 0; i < BCH; ++i) {
+            const int r = br + i * (256 / (BN / 8));
+            const bool ok = k0 + r < K && bn + bc < N;
+            const int o = STAGES * A_ST + s * B_ST + r * SB + bc;
+            kf_cpa(hs + o, sbase + 2u * (unsigned)o, ok ? gb + (size_t)(k0 + r) * N : B, ok);
+        }
+    };
+    // the warp's fragments of k16 step kk of stage s: A 4 x (16 x 16), B NJ x (16 x 8)
+    auto frag = [&](unsigned (&af)[4][4], unsigned (&bf)[NJ][2], int s, int kk) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+            kf_ldsm<0>(af[i][0], af[i][1], af[i][2], af[i][3], hs, sbase,
+                       s * A_ST + (wm + i * 16 + (lane & 15)) * SA + kk + (lane >> 4) * 8);
+        #pragma unroll
+        for (int j = 0; j < NJ; j += 2)
+            kf_ldsm<1>(bf[j][0], bf[j][1], bf[j + 1][0], bf[j + 1][1], hs, sbase,
+                       STAGES * A_ST + s * B_ST + (kk + (lane & 15)) * SB + wn + j * 8 + (lane >> 4) * 8);
+    };
+    float acc[4][NJ][4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < NJ; ++j)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ntiles) load(s, s);
+        KF_COMMIT();
+    }
+    KF_WAIT(STAGES - 2);
+    __syncthreads();
+    unsigned af[2][4][4], bf[2][NJ][2];
+    int rs = 0, ws = STAGES - 1;
+    frag(af[0], bf[0], rs, 0);
+    for (int t = 0; t < ntiles; ++t) {
+        #pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            if (ks == KS - 1) {
+                // tile t + 1 has landed (t + STAGES groups committed, STAGES - 2 may pend) and every warp
+                // has read its last fragments of tile t - 1's stage, which the next iteration refills
+                KF_WAIT(STAGES - 2);
+                __syncthreads();
+                rs = rs + 1 == STAGES ? 0 : rs + 1;
+            }
+            frag(af[(ks + 1) & 1], bf[(ks + 1) & 1], rs, ((ks + 1) % KS) * 16);
+            if (ks == 0) {
+                if (t + STAGES - 1 < ntiles) load(t + STAGES - 1, ws);
+                KF_COMMIT();
+                ws = ws + 1 == STAGES ? 0 : ws + 1;
+            }
+            #pragma unroll
+            for (int i = 0; i < 4; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j) kf_mma(acc[i][j], af[ks & 1][i], bf[ks & 1][j]);
+        }
+    }
+    const int g = lane >> 2, q = lane & 3;
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = bm + wm + i * 16 + g + 8 * h;
+            if (m >= M) continue;
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int n = bn + wn + j * 8 + 2 * q;
+                if (n >= N) continue;
+                const unsigned short lo = kf_st(@EPI_LO@);
+                const unsigned short hi = kf_st(@EPI_HI@);
+                *reinterpret_cast<unsigned*>(C + (size_t)m * N + n) = kf_pack(lo, hi);
+            }
+        }
+}
+"""
+
+
+def _pipe_kernel(epilogue: str, epi: str) -> str:
+    """``matmul/mma_pipe``: 128 x BN x BK block tiles, 64 x BN/4 warp tiles, fragments double-buffered."""
+    return _mma_helpers(epilogue) + _PIPE.replace("@SCALAR@", _scalar_kernel(epi)).replace(
+        "@EPI_LO@", epi.format(v="acc[i][j][2 * h]", n="n")
+    ).replace("@EPI_HI@", epi.format(v="acc[i][j][2 * h + 1]", n="n + 1"))
+
+
 def _dtype_define(spec: OpSpec) -> dict[str, int]:
     return {"HALF_BF16": int(spec.dtype == "bfloat16")}
 
@@ -277,8 +457,37 @@ else:
     self.prog.matmul_scalar(a, b, c, M, N, K, grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1))
 return c
 """
+    pipe = f"""{_HEAD}
+if K % 8 == 0 and N % 8 == 0 and _aligned(a, b, c):
+    smem = p['STAGES'] * (128 * (p['BK'] + 8) + p['BK'] * (p['BN'] + 8)) * 2
+    self.prog.matmul(a, b, c, M, N, K, grid=(_cdiv(N, p['BN']), _cdiv(M, 128), 1), block=(256, 1, 1), shared_mem=smem)
+else:
+    self.prog.matmul_scalar(a, b, c, M, N, K, grid=(_cdiv(N, 16), _cdiv(M, 16), 1), block=(16, 16, 1))
+return c
+"""
     d = _dtype_define(spec)
     return [
+        Recipe(
+            "matmul/mma_pipe",
+            "matmul",
+            "cuda",
+            _pipe_kernel(epilogue, epi),
+            pipe,
+            ["a", "b"],
+            TunableSpace(
+                params={
+                    "BN": [128, 256],
+                    "BK": [32, 64],
+                    "STAGES": [3, 4],
+                    "SWZ": [0, 8],
+                    "HALF_BF16": [d["HALF_BF16"]],
+                }
+            ),
+            {"BN": 256, "BK": 32, "STAGES": 4, "SWZ": 8, **d},
+            rank=7,
+            description="tensor cores (mma.sync m16n8k16, fp32 accumulation), 128xBNx32 tiles, 64x64 warp "
+            "tiles, 4 cp.async stages, ldmatrix fragments double-buffered across k16 steps",
+        ),
         Recipe(
             "matmul/half_naive",
             "matmul",
