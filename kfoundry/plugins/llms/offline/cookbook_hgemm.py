@@ -7,6 +7,13 @@
   fragments are read element by element and each MMA is computed from warp shuffles of the same
   fragments, so the fragment layout is the one checked there. Needs K % 8 == N % 8 == 0 and 16-byte
   aligned A, B; other shapes run ``matmul_scalar`` of the same program.
+- CUDA ``matmul/mma_pipe`` (ranked above ``mma_tiles``): the same MMA, 128 x BN x BK block tiles (BN 256:
+  8 warps of 64 x 64, 4 x 8 MMAs per k16 step, 8 ``ldmatrix.x4`` for 32 MMAs; BN 128: 64 x 32), STAGES
+  cp.async stages of padded rows (BK + 8, BN + 8 halves: ldmatrix conflict-free), one barrier per BK
+  tile, the next k16 step's fragments loaded while this one multiplies (two fragment buffers), the
+  next stage's copies issued right after the barrier. Defaults 128 x 256 x 32, 4 stages: 254 registers
+  (1 block of 8 warps per SM), 106 KB shared. In the CPU emulation ``ldmatrix`` gathers its rows from
+  the lanes' own row addresses, as the instruction does, so its addressing is checked there too.
 - CUDA ``matmul/half_naive`` and OpenCL ``matmul/half_naive`` / ``matmul/half_tiles``: portable, one
   output per thread (tiles: 16 x 16 local-memory tiles), fp16 through ``vload_half``/``vstore_half_rte``
   on OpenCL, bf16 as 16-bit patterns (round to nearest even on store). PoCL has no tensor cores.
