@@ -66,6 +66,9 @@ def test_pick_takes_the_default_tile_where_the_product_fills_the_gpu() -> None:
     assert lower_mm_warp.pick((1024, 4096), 0) == lower_mm_warp.TILES[1]
     assert lower_mm_warp.pick((128, 512), 0) is None  # too few tiles: the register-blocked schedule
     assert lower_mm_warp.pick((4, 128, 256), 1, min_tiles=4) == lower_mm_warp.TILES[0]
+    # attention's P @ V with a head of 64: the 128 x 64 tile, not four times the outputs in 128 x 256
+    assert lower_mm_warp.pick((64, 2048, 64), 1) == lower_mm_warp.TILES[2]
+    assert lower_mm_warp.pick((64, 2048, 1000), 1) == lower_mm_warp.TILES[0]  # 98% of a 1024 span kept
 
 
 @pytest.mark.parametrize(("key", "shapes"), POCL)

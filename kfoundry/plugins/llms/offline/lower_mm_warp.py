@@ -57,21 +57,38 @@ class Tile:
 
 
 #: sgemm_warp's default (128 x 256 x 16, eight 64 x 64 warps of 16 x 8; 0.90-0.94x cuBLAS at 4096^3 on
-#: the H200), then its 128 x 128 tiles of 16 x 8 (four warps; 0.85-0.87x) for products with fewer tiles
-TILES = (Tile(128, 256, 16, 64, 64, 16, 8), Tile(128, 128, 16, 64, 64, 16, 8))
+#: the H200), then its 128 x 128 tiles of 16 x 8 (four warps; 0.85-0.87x) for products with fewer tiles,
+#: then 128 x 64 tiles (four 64 x 32 warps of 16 x 4) for narrow products (attention's P @ V with a head of
+#: 64: a 256-wide tile would compute four times the outputs it keeps)
+TILES = (
+    Tile(128, 256, 16, 64, 64, 16, 8),
+    Tile(128, 128, 16, 64, 64, 16, 8),
+    Tile(128, 64, 16, 64, 32, 16, 4),
+)
+
+#: a tile is taken only if it keeps at least this share of the best useful share (outputs kept over
+#: outputs computed) among the tiles that fill the GPU
+WASTE_SLACK = 0.85
 
 
 def pick(out: tuple[int, ...], nbatch: int, min_tiles: int | None = None) -> Tile | None:
-    """The first of :data:`TILES` giving the traced product at least ``min_tiles`` tiles; None: none does."""
+    """The first of :data:`TILES` giving the traced product at least ``min_tiles`` tiles and within
+    :data:`WASTE_SLACK` of the least padded of those; None: no tile gives enough."""
     need = MIN_TILES if min_tiles is None else min_tiles
     if len(out) < 2:
         return None
     batch = math.prod(out[:nbatch])
     m, n = math.prod(out[nbatch:-1]), out[-1]
-    for t in TILES:
-        if batch * -(-m // t.BM) * -(-n // t.BN) >= need:
-            return t
-    return None
+
+    def tiles(t: Tile) -> int:
+        return batch * -(-m // t.BM) * -(-n // t.BN)
+
+    fit = [t for t in TILES if tiles(t) >= need]
+    if not fit:
+        return None
+    useful = {t: m * n * batch / (tiles(t) * t.BM * t.BN) for t in fit}
+    best = max(useful.values())
+    return next(t for t in fit if useful[t] >= WASTE_SLACK * best)
 
 
 def vector_run(expr: str, var: str, start: str, floats: set[str]) -> str | None:
