@@ -456,6 +456,9 @@ class Lowering:
         #: let scopes of the expression being built (:meth:`bound_load`); None: inline as a tree
         self.let_stack: list[LetScope | None] = []
         self.ntemp = 0
+        #: while set, a buffer's load asks it first: (C pointer, coords, C dims, ctype) -> its own expression
+        #: of the load, or None for the plain one (``lower_split``'s float4 leaves)
+        self.leaf_hook: Callable[[str, list[str], list[str], str], str | None] | None = None
 
     # -- symbols --------------------------------------------------------------------------------
 
@@ -505,7 +508,12 @@ class Lowering:
     def buffer_val(self, py: str, shape: tuple[int, ...], py_shape: str, ctype: str = "float") -> Val:
         dims = self.shape_dims(py_shape, shape)
         p = self.ptr(py, ctype)
-        return Val(shape, dims, lambda c: f"{p}[{horner(c, dims)}]", py_shape, ctype, buffer=py)
+
+        def load(c: list[str]) -> str:
+            got = self.leaf_hook(p, c, dims, ctype) if self.leaf_hook is not None else None
+            return got if got is not None else f"{p}[{horner(c, dims)}]"
+
+        return Val(shape, dims, load, py_shape, ctype, buffer=py)
 
     def fwd(self, line: str) -> None:
         self.sched.forward.append(line)

@@ -2,23 +2,30 @@
 term, not a plain buffer) split across the grid in two kernels.
 
 Stage 1: for each output, ``G`` work-groups each fold a contiguous piece of the reduction's terms
-(every work item a BLOCK-strided share, then a local-memory tree) into a partial in a scratch buffer;
-``G`` is chosen in ``forward`` from the sizes so that the grid has thousands of work-groups. Where the
-innermost reduced dim is long, a piece is a run of whole rows of it: the outer reduced coordinates are
-decomposed once per row and the innermost one is the loop counter (no division per element).
-Stage 2: a work-group per output folds its ``G`` partials in a fixed order (deterministic, no atomics)
-and applies the epilogue (mean's division, the L2 norm's root, a loss's scale, fused elementwise ops).
+into a partial in a scratch buffer; ``G`` is chosen in ``forward`` from the sizes so that the grid has
+thousands of work-groups. Where the innermost reduced dim is long, a piece is a run of whole rows of it:
+the outer reduced coordinates are decomposed once per row and the innermost one is the loop counter (no
+division per element). There every buffer load of the term that reads four consecutive elements of the
+row (:class:`_Quads`) becomes one 16-byte load from a row pointer set once per row (32-bit offsets in
+the row), all of them issued before the term's math (no load waits behind a branch of the term), four
+terms per step into four accumulators; rows whose pointers are not 16-byte aligned, and the last
+``n % 4`` terms of a row, take the scalar loop. Stage 2: a work-group per output folds its ``G``
+partials in a fixed order (deterministic, no atomics) and applies the epilogue (mean's division, the L2
+norm's root, a loss's scale, fused elementwise ops). A work-group folds its items' values with warp
+shuffles then across its warps on CUDA, a local-memory tree on OpenCL; always in the same order.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
 from kfoundry.plugins.llms.offline.elementwise_ops import fn
-from kfoundry.plugins.llms.offline.lower import Val, decompose
+from kfoundry.plugins.llms.offline.lower import Val, decompose, horner
 
 if TYPE_CHECKING:
     from kfoundry.plugins.llms.offline.lower import Lowering
@@ -37,6 +44,15 @@ _COMBINE = {
 
 SPLIT_OPS = ("sum", "mean", "max", "min")
 
+#: The innermost reduced coordinate of the four terms of one float4 step (``kf_j + k``).
+LANES = ("kf_e0", "kf_e1", "kf_e2", "kf_e3")
+
+#: float4 steps of a row whose loads are all issued before the first step's math.
+STEPS = 2
+
+#: A 16-byte load at a float pointer (CUDA: the pointer 16-byte aligned, checked per row).
+_LD4 = {"cuda": "*reinterpret_cast<KF_G const float4*>({p})", "opencl": "vload4(0, {p})"}
+
 
 def can_split(op: str, p: float) -> bool:
     """Whether :func:`grid_reduce` handles ``op`` (prod, arg-extremes, var, lse are left to the caller)."""
@@ -50,6 +66,141 @@ def pieces(outs: int, count: int, row: int) -> tuple[int, int]:
     g = max(1, min(-(-count // MIN_PIECE), -(-TARGET_GROUPS // max(outs, 1))))
     rp = -(-rows // g)
     return -(-rows // rp), rp
+
+
+@dataclass
+class _Quads:
+    """Leaf hook of a row step: a float buffer load whose last coordinate is a lane's ``kf_e{k}`` and whose
+    other coordinates are ``0`` or plain loop coordinates (row invariant) reads four consecutive elements
+    of one row, lane ``k`` the ``k``-th: it becomes ``kf_v{i}.xyzw[k]`` of one float4 load ``kf_v{i}`` per
+    (buffer, row). Each one's bounds (every coordinate's range within its dim) are checked in forward
+    (``checks``): the loads run unconditionally, also where the term reads them under a guard."""
+
+    #: plain loop coordinate (and each lane's) -> Python expression of its range
+    ranges: dict[str, str]
+    #: C size (an int argument or a literal) -> its Python expression
+    py: Callable[[str], str]
+    found: dict[tuple[str, tuple[str, ...]], int] = field(default_factory=dict)
+    rows: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+
+    def __call__(self, p: str, c: list[str], dims: list[str], ctype: str) -> str | None:
+        head = c[:-1]
+        if ctype != "float" or not c or c[-1] not in LANES:
+            return None
+        if any(x != "0" and (x in LANES or x not in self.ranges) for x in head):
+            return None
+        key = (p, tuple(head))
+        if key not in self.found:
+            k = self.found[key] = len(self.found)
+            self.rows.append(f"KF_G const float* kf_p{k} = {p} + {horner([*head, '0'], dims)};")
+            self.checks += [
+                f"{self.py(d)} >= {self.ranges[x]}" for x, d in zip(c, dims, strict=True) if x != "0"
+            ]
+        return f"kf_v{self.found[key]}[u].{'xyzw'[LANES.index(c[-1])]}"
+
+
+def _fold(lang: str, comb: str, init: str) -> str:
+    """Statements folding every work item's ``s`` in a fixed order: work item 0 ends with the group's
+    result in ``s`` (CUDA: shuffles in each warp, then the warps' values by the first warp; OpenCL: a
+    local-memory tree over ``kf_r[BLOCK]``)."""
+    if lang == "cuda":
+        warp = (
+            "#pragma unroll\n    for (int o = 16; o > 0; o >>= 1) { const float w = "
+            f"__shfl_xor_sync(0xffffffffu, s, o); {comb.format(a='s', b='w')} }}"
+        )
+        return f"""    {warp}
+    if ((t & 31) == 0) kf_r[t >> 5] = s;
+    KF_BARRIER;
+    if (t < 32) {{
+        s = t < BLOCK / 32 ? kf_r[t] : {init};
+    {warp}
+    }}"""
+    return f"""    kf_r[t] = s;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
+        if (t < o) {{ {comb.format(a="kf_r[t]", b="kf_r[t + o]")} }}
+        KF_BARRIER;
+    }}
+    s = kf_r[0];"""
+
+
+def _scratch(lang: str) -> str:
+    return "    KF_LOCAL float kf_r[32];" if lang == "cuda" else "    KF_LOCAL float kf_r[BLOCK];"
+
+
+def _py_size(L: Lowering) -> Callable[[str], str]:
+    by_name = {v: k for k, v in L.syms.items()}
+    return lambda c: f"({by_name.get(c, c.strip('()'))})"
+
+
+def _row_loop(
+    L: Lowering,
+    src: Val,
+    comb: str,
+    term: Callable[[str], str],
+    tag: str,
+    ocs: list[str],
+    rdims: list[str],
+    nrows: str,
+    rp: str,
+    in_coords: Callable[[list[str], list[str]], list[str]],
+) -> str:
+    """The piece's rows: the float4 step over each row's first ``n & ~3`` terms where every leaf it reads
+    four at a time is 16-byte aligned (:class:`_Quads`), the scalar loop over the rest of the row."""
+    outer = rdims[:-1]
+    rcs = [f"rc{k}" for k in range(len(outer))]
+    rdecomp = decompose("rr", outer, rcs, nrows) if outer else ""
+    x = src.load(in_coords(ocs, [*rcs, "j"]))
+    py = _py_size(L)
+    ranges = {c: f"S{tag}[{k}]" for k, c in enumerate(ocs)} | {
+        c: py(d) for c, d in zip(rcs, outer, strict=True)
+    }
+    quads = _Quads(ranges | dict.fromkeys(LANES, py(rdims[-1])), py)
+    L.leaf_hook = quads
+    try:
+        lanes = [src.load(in_coords(ocs, [*rcs, e])) for e in LANES]
+    finally:
+        L.leaf_hook = None
+    step = ""
+    if quads.found:
+        L.fwd(f"V{tag} = int({' and '.join(quads.checks) or 'True'})")
+        ld, nq = _LD4[L.lang], len(quads.found)
+        loads = " ".join(f"kf_v{k}[u] = {ld.format(p=f'kf_p{k} + kf_i')};" for k in range(nq))
+        zero = " ".join(f"kf_v{k}[u] = kf_v{k}[0];" for k in range(nq))
+        used = " ".join(
+            f"const int {e} = kf_i + {k};"
+            for k, e in enumerate(LANES)
+            if any(re.search(rf"\b{e}\b", v) for v in lanes)
+        )
+        tv = f"({term('v')})"
+        terms = " ".join(
+            f"{{ const float v = {v}; {comb.format(a=f's{k}', b=tv)} }}" for k, v in enumerate(lanes)
+        )
+        aligned = " | ".join(f"(size_t)kf_p{k}" for k in range(nq))
+        head = "const int kf_i = kf_j + 4 * BLOCK * u; if (u == 0 || kf_i < kf_n4)"
+        step = f"""        {" ".join(quads.rows)}
+        if ({L.sym(f"V{tag}")} && (({aligned}) & 15) == 0) {{
+            for (int kf_j = 4 * t; kf_j < kf_n4; kf_j += 4 * BLOCK * {STEPS}) {{
+                float4 {", ".join(f"kf_v{k}[{STEPS}]" for k in range(nq))};
+                #pragma unroll
+                for (int u = 0; u < {STEPS}; ++u) {{ {head} {{ {loads} }} else {{ {zero} }} }}
+                #pragma unroll
+                for (int u = 0; u < {STEPS}; ++u) {{ {head} {{ {used}
+                    {terms}
+                }} }}
+            }}
+            kf_j0 = kf_n4;
+        }}
+"""
+    return f"""    const kf_long r0 = piece * (kf_long){rp};
+    const kf_long r1 = r0 + (kf_long){rp} < (kf_long){nrows} ? r0 + (kf_long){rp} : (kf_long){nrows};
+    const int kf_n = (int){rdims[-1]}, kf_n4 = kf_n & ~3;
+    for (kf_long rr = r0; rr < r1; ++rr) {{
+{rdecomp}        int kf_j0 = 0;
+{step}        #pragma unroll 4
+        for (int j = kf_j0 + t; j < kf_n; j += BLOCK) {{ const float v = {x}; {comb.format(a="s0", b=f"({term('v')})")} }}
+    }}"""
 
 
 def grid_reduce(
@@ -90,23 +241,8 @@ def grid_reduce(
     odims = L.shape_dims(f"S{tag}", out)
     ocs = [f"o{k}" for k in range(len(out))]
     odecomp = decompose("oi", odims, ocs, outs) if out else ""
-    tree = f"""    kf_r[t] = s;
-    KF_BARRIER;
-    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
-        if (t < o) {{ {comb.format(a="kf_r[t]", b="kf_r[t + o]")} }}
-        KF_BARRIER;
-    }}"""
     if row_mode:
-        outer = rdims[:-1]
-        rcs = [f"rc{k}" for k in range(len(outer))]
-        rdecomp = decompose("rr", outer, rcs, nrows) if outer else ""
-        x = src.load(in_coords(ocs, [*rcs, "j"]))
-        loop = f"""    const kf_long r0 = piece * (kf_long){rp};
-    const kf_long r1 = r0 + (kf_long){rp} < (kf_long){nrows} ? r0 + (kf_long){rp} : (kf_long){nrows};
-    for (kf_long rr = r0; rr < r1; ++rr) {{
-{rdecomp}        #pragma unroll 4
-        for (kf_long j = t; j < (kf_long){rdims[-1]}; j += BLOCK) {{ const float v = {x}; {comb.format(a="s", b=f"({term('v')})")} }}
-    }}"""
+        loop = _row_loop(L, src, comb, term, tag, ocs, rdims, nrows, rp, in_coords)
     else:
         rcs = [f"rc{k}" for k in range(len(rdims))]
         rdecomp = decompose("q", rdims, rcs, cnt) if rdims else ""
@@ -114,15 +250,18 @@ def grid_reduce(
         loop = f"""    const kf_long q0 = piece * (kf_long){rp};
     const kf_long q1 = q0 + (kf_long){rp} < (kf_long){cnt} ? q0 + (kf_long){rp} : (kf_long){cnt};
     for (kf_long q = q0 + t; q < q1; q += BLOCK) {{
-{rdecomp}        const float v = {x}; {comb.format(a="s", b=f"({term('v')})")}
+{rdecomp}        const float v = {x}; {comb.format(a="s0", b=f"({term('v')})")}
     }}"""
-    text = f"""    KF_LOCAL float kf_r[BLOCK];
+    fold = _fold(L.lang, comb, init)
+    text = f"""{_scratch(L.lang)}
     const int t = KF_LID(0);
     const kf_long blk = KF_GRP(0), oi = blk / (kf_long){G}, piece = blk - oi * (kf_long){G};
-{odecomp}    float s = {init};
+{odecomp}    float s0 = {init}, s1 = {init}, s2 = {init}, s3 = {init};
 {loop}
-{tree}
-    if (t == 0) y[blk] = kf_r[0];"""
+    {comb.format(a="s0", b="s1")} {comb.format(a="s2", b="s3")} {comb.format(a="s0", b="s2")}
+    float s = s0;
+{fold}
+    if (t == 0) y[blk] = s;"""
     idx = L.nk
     L.fwd(f"b{idx} = torch.empty(max(1, W{tag}[0] * W{tag}[3]), dtype=torch.float32, device=dev)")
     launch = f"grid=(max(1, W{tag}[0] * W{tag}[3]), 1, 1), block=(p['BLOCK'], 1, 1)"
@@ -138,14 +277,14 @@ def grid_reduce(
         fin += f" acc = {f('sqrt')}(acc);"
     if divide_by:
         fin += f" acc = acc / (float)({divide_by});"
-    text = f"""    KF_LOCAL float kf_r[BLOCK];
+    text = f"""{_scratch(L.lang)}
     const int t = KF_LID(0);
     const kf_long row = KF_GRP(0);
     float s = {init};
     for (kf_long i = t; i < {G}; i += BLOCK) {{ const float v = {parts}[row * {G} + i]; {comb.format(a="s", b="v")} }}
-{tree}
+{fold}
     if (t == 0) {{
-{decomp}        float acc = kf_r[0];{fin}
+{decomp}        float acc = s;{fin}
         y[row] = {store};
     }}"""
     idx = L.nk
