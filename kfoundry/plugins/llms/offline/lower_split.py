@@ -281,7 +281,9 @@ def grid_reduce(
     const int t = KF_LID(0);
     const kf_long row = KF_GRP(0);
     float s = {init};
-    for (kf_long i = t; i < {G}; i += BLOCK) {{ const float v = {parts}[row * {G} + i]; {comb.format(a="s", b="v")} }}
+    KF_G const float* kf_pp = {parts} + row * (kf_long){G};
+    #pragma unroll 8
+    for (int i = t; i < {G}; i += BLOCK) {{ const float v = kf_pp[i]; {comb.format(a="s", b="v")} }}
 {fold}
     if (t == 0) {{
 {decomp}        float acc = s;{fin}
