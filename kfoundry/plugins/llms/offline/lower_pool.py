@@ -40,6 +40,10 @@ ROWS = 4
 #: Output columns per work item where 1-D windows overlap (each shared tap loaded once, the index
 #: arithmetic once: a window of 8 at stride 1 loads 11 values for 4 outputs, not 32)
 COLS = 4
+#: Adjacent outputs per work item along the innermost dim on the vector path (one float4).
+VEC = 4
+#: Most floats of one input row's span (its float4 chunks) the vector path holds at once.
+MAX_VEC_SPAN = 64
 #: Largest window (taps) unrolled by the specialised kernel.
 MAX_TAPS = 512
 
@@ -144,6 +148,7 @@ def _pool(
     coords = [f"c{i}" for i in range(len(out))]
     store, ctype, _ = L.epilogue(node, out, coords, "float")
     total = " * ".join(f"(kf_long){dm}" for dm in dims) or "1"
+    head = PMAX.get(L.lang, PMAX["opencl"])
     text = (
         f"    const kf_long total = {total};\n"
         f"    for (kf_long g = KF_GID; g < total; g += KF_GSTRIDE) {{\n{decompose('g', dims, coords, 'total')}"
@@ -151,15 +156,19 @@ def _pool(
     )
     if static is not None and x.ctype == "float":
         fast = _specialised(L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of)
+        if x.buffer is not None and vector_plan(static, nd) is not None:
+            L.fwd(f"X{n} = int({x.py_shape}[-1] % 4 == 0 and {x.buffer}.data_ptr() % 16 == 0)")
+            clip = not divisor and (ceil or (not include_pad and any(static[2])))
+            vec = _vectorised(L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of, clip)
+            fast = f"    if ({L.sym(f'X{n}')}) {{\n{vec}\n    }} else {{\n{fast}\n    }}"
+            head += VEC4.get(L.lang, VEC4["opencl"])
         match = " && ".join(
             f"{sym} == {v}"
             for syms, vals in zip((kk, ss, pp, dd), static, strict=True)
             for sym, v in zip(syms, vals, strict=True)
         )
         text = f"    if ({match}) {{\n{fast}\n    }} else {{\n{text}\n    }}"
-    return L.finish(
-        PMAX.get(L.lang, PMAX["opencl"]) + text, ctype, f"S{n}", out, f"{kind}pool", f"_prod(S{n})"
-    )
+    return L.finish(head + text, ctype, f"S{n}", out, f"{kind}pool", f"_prod(S{n})")
 
 
 def _specialised(
@@ -346,6 +355,222 @@ def _specialised(
         + ("\n" + plane_dec if used else "")
         + f"\n        if ({' && '.join(inside)}) {{\n{body_fast}\n        }} else {{\n{body_slow}\n        }}\n    }}"
     )
+
+
+#: The vector path's float4 load, store and splat (16-byte aligned addresses on CUDA).
+VEC4 = {
+    "cuda": (
+        "#ifndef KF_PLD4\n"
+        "#define KF_PLD4(p) (*reinterpret_cast<const float4*>(p))\n"
+        "#define KF_PST4(p, a, b, c, d) (*reinterpret_cast<float4*>(p) = make_float4((a), (b), (c), (d)))\n"
+        "#define KF_PSPLAT4(v) make_float4((v), (v), (v), (v))\n"
+        "#endif\n"
+    ),
+    "opencl": (
+        "#ifndef KF_PLD4\n"
+        "#define KF_PLD4(p) vload4(0, (p))\n"
+        "#define KF_PST4(p, a, b, c, d) vstore4((float4)((a), (b), (c), (d)), 0, (p))\n"
+        "#define KF_PSPLAT4(v) ((float4)((v), (v), (v), (v)))\n"
+        "#endif\n"
+    ),
+}
+
+
+def vector_plan(static: tuple[tuple[int, ...], ...], nd: int) -> tuple[int, int, list[int]] | None:
+    """The vector path's (rows per item, offset of the span in its first float4, float4 chunks of a
+    row's span holding a tap), or None where a row's chunks would hold more than ``MAX_VEC_SPAN`` floats.
+
+    An item's ``VEC`` outputs start at column ``VEC * q * S - P``: its offset in a float4 is ``-P mod 4``
+    for every item, so the chunks and the taps' places in them are known now."""
+    K, S, P, D = static
+    off = (-P[-1]) % VEC
+    taps = {c * S[-1] + kw * D[-1] + off for c in range(VEC) for kw in range(K[-1])}
+    chunks = sorted({t // VEC for t in taps})
+    if VEC * len(chunks) > MAX_VEC_SPAN:
+        return None
+    R = ROWS if nd >= 2 and (K[-2] - 1) * D[-2] + 1 > S[-2] else 1
+    return R, off, chunks
+
+
+def _vectorised(
+    L: Lowering,
+    node: fx.Node,
+    kind: str,
+    nd: int,
+    x: Val,
+    out: tuple[int, ...],
+    odims: list[str],
+    lead: int,
+    static: tuple[tuple[int, ...], ...],
+    divisor: int | None,
+    divisor_of: Any,
+    clip: bool,
+) -> str:
+    """The kernel body for the window ``static`` where the input's rows are whole float4s (the last dim
+    a multiple of 4, the buffer 16-byte aligned; checked when called).
+
+    A work item is ``R`` output rows x ``VEC`` adjacent output columns (consecutive items: adjacent
+    column groups, a warp's float4 loads contiguous). Each input row of the span is read as the aligned
+    float4 chunks that hold a tap (a chunk is wholly inside or wholly outside the row: one unsigned
+    compare per chunk and row masks borders, padding and ceil-mode windows, filling -inf / 0, with no
+    separate border path); its taps are reduced once per output column and folded into the outputs
+    whose windows hold the row. Stores are float4 where the output row is a multiple of 4 long.
+    ``clip``: the average's divisor depends on the window's place (else the window's size)."""
+    K, S, P, D = static
+    plan = vector_plan(static, nd)
+    assert plan is not None
+    R, off, chunks = plan
+    C = VEC
+    idims = x.dims[lead:]
+    od = odims[lead:]
+    ohb = f"(({od[-2]} + {R - 1}) / {R})" if nd >= 2 else ""
+    owb = f"(({od[-1]} + {C - 1}) / {C})"
+    item_sp = [*od[: nd - 2], ohb, owb] if nd >= 2 else [owb]
+    planes = " * ".join(f"(kf_long){dm}" for dm in odims[:lead]) or "(kf_long)1"
+    qn = [L.fresh("q") for _ in item_sp]
+    qplane = L.fresh("qp")
+    items = f"{planes} * " + " * ".join(f"(kf_long){dm}" for dm in item_sp)
+    dec = decompose("g", [f"({planes})", *item_sp], [qplane, *qn], "items")
+    o = [f"(int){q}" for q in qn]
+    if nd >= 2:
+        o[-2] = f"((int){qn[-2]} * {R})"
+    o[-1] = f"((int){qn[-1]} * {C})"
+    ov = [L.fresh("o") for _ in range(nd)]
+    lov = [L.fresh("lo") for _ in range(nd)]
+    a0 = L.fresh("a")
+    strides = [" * ".join(idims[i + 1 :]) or "1" for i in range(nd)]
+    span = [(K[i] - 1) * D[i] + 1 for i in range(nd)]
+    if nd >= 2:
+        span[-2] += (R - 1) * S[-2]
+    psize = " * ".join(f"(kf_long){dm}" for dm in idims)
+    lines = [f"        const int {ov[i]} = {o[i]};" for i in range(nd)]
+    lines += [f"        const int {lov[i]} = {ov[i]} * {S[i]} - {P[i]};" for i in range(nd)]
+    lines.append(f"        const int {a0} = {lov[-1]} - {off};")
+    lines.append(f"        const KF_G float* xb = {L.ptr(x.buffer or '')} + {qplane} * ({psize});")
+    cok = {k: L.fresh("cok") for k in chunks}
+    lines += [
+        f"        const bool {cok[k]} = (unsigned)({a0} + {VEC * k}) < (unsigned){idims[-1]};" for k in chunks
+    ]
+    fill = "-INFINITY" if kind == "max" else "0.0f"
+    accs = [[L.fresh("acc") for _ in range(C)] for _ in range(R)]
+    lines += [f"        float {a} = {fill};" for row in accs for a in row]
+
+    def fold(a: str, v: str) -> str:
+        return f"KF_PMAX({a}, {v});" if kind == "max" else f"{a} += {v};"
+
+    combos: list[tuple[int, ...]] = [()]
+    for i in range(nd - 1):
+        combos = [(*c, t) for c in combos for t in range(span[i])]
+    started: set[tuple[int, int]] = set()
+    for combo in combos:
+        js = [j for j in range(R) if _row_in_window(combo, j, K, S, D, nd)]
+        if not js:
+            continue
+        off_row = " + ".join([f"({lov[i]} + {t}) * {strides[i]}" for i, t in enumerate(combo)] + [a0])
+        rowok = " && ".join(f"(unsigned)({lov[i]} + {t}) < (unsigned){idims[i]}" for i, t in enumerate(combo))
+        rv = L.fresh("r")
+        lines.append(f"        {{ const KF_G float* {rv} = xb + ({off_row});")
+        if rowok:
+            lines.append(f"        const bool {rv}_ok = {rowok};")
+        for k in chunks:
+            ok = f"{rv}_ok && {cok[k]}" if rowok else cok[k]
+            lines.append(
+                f"        const float4 {rv}_{k} = {ok} ? KF_PLD4({rv} + {VEC * k}) : KF_PSPLAT4({fill});"
+            )
+        for c in range(C):
+            vals = [c * S[-1] + kw * D[-1] + off for kw in range(K[-1])]
+            el = [f"{rv}_{t // VEC}.{'xyzw'[t % VEC]}" for t in vals]
+            hc = f"{rv}_h{c}"
+            lines.append(f"        float {hc} = {el[0]};")
+            lines += [f"        {fold(hc, e)}" for e in el[1:]]
+            for j in js:
+                a = accs[j][c]
+                lines.append(f"        {fold(a, hc) if (j, c) in started else f'{a} = {hc};'}")
+                started.add((j, c))
+        lines.append("        }")
+    pcoords = [L.fresh("pc") for _ in range(lead)]
+    lines += _vector_stores(
+        L, node, kind, out, od, qplane, pcoords, ov, accs, static, divisor, divisor_of, clip
+    )
+    body = "\n".join(lines)
+    if any(re.search(rf"\b{pc}\b", body) for pc in pcoords):
+        parts = unflat(qplane, odims[:lead])
+        body = (
+            "\n".join(f"        const kf_long {pc} = {e};" for pc, e in zip(pcoords, parts, strict=True))
+            + "\n"
+            + body
+        )
+    return f"    const kf_long items = {items};\n    for (kf_long g = KF_GID; g < items; g += KF_GSTRIDE) {{\n{dec}{body}\n    }}"
+
+
+def _vector_stores(
+    L: Lowering,
+    node: fx.Node,
+    kind: str,
+    out: tuple[int, ...],
+    od: list[str],
+    qplane: str,
+    pcoords: list[str],
+    ov: list[str],
+    accs: list[list[str]],
+    static: tuple[tuple[int, ...], ...],
+    divisor: int | None,
+    divisor_of: Any,
+    clip: bool,
+) -> list[str]:
+    """The vector path's stores: per output row of the item its ``VEC`` results (divided, the epilogue
+    applied) stored as one float4 where output rows are a multiple of 4 long, else one by one (those
+    past the row's end left out)."""
+    K, S, P, _ = static
+    nd = len(od)
+    lines = []
+    for j, row in enumerate(accs):
+        res = []
+        for c, a in enumerate(row):
+            oc = [f"(kf_long){v}" for v in ov]
+            if nd >= 2:
+                oc[-2] = f"((kf_long){ov[-2]} + {j})"
+            oc[-1] = f"((kf_long){ov[-1]} + {c})"
+            st, _, _ = L.epilogue(node, out, [*pcoords, *oc], "float")
+            fin = ""
+            if kind == "avg":
+                if clip:
+                    ocs = [f"{v}" for v in ov]
+                    if nd >= 2:
+                        ocs[-2] = f"({ov[-2]} + {j})"
+                    ocs[-1] = f"({ov[-1]} + {c})"
+                    div = divisor_of(ocs, [str(v) for v in K], [str(v) for v in S], [str(v) for v in P])
+                else:
+                    div = lit(float(divisor)) if divisor else lit(float(_prod(K)))
+                fin = f"acc = acc / ({div}); "
+            v = f"{a}_s"
+            res.append(v)
+            lines.append(f"        float {v}; {{ float acc = {a}; {fin}{v} = {st}; }}")
+        flat = qplane
+        for i in range(nd):
+            at = f"((kf_long){ov[i]} + {j})" if (nd >= 2 and i == nd - 2) else f"(kf_long){ov[i]}"
+            flat = f"({flat} * {od[i]} + {at})"
+        keep = f"if ({ov[-2]} + {j} < {od[-2]}) " if len(accs) > 1 else ""
+        singles = " ".join(
+            f"if ({ov[-1]} + {c} < {od[-1]}) y[{flat} + {c}] = {v};" for c, v in enumerate(res)
+        )
+        lines.append(
+            f"        {keep}{{ if (({od[-1]} & {VEC - 1}) == 0) KF_PST4(y + {flat}, {', '.join(res)}); "
+            f"else {{ {singles} }} }}"
+        )
+    return lines
+
+
+def _row_in_window(
+    combo: tuple[int, ...], j: int, K: tuple[int, ...], S: tuple[int, ...], D: tuple[int, ...], nd: int
+) -> bool:
+    """Whether the input row at span offsets ``combo`` (the dims before the last) is a tap row of the
+    item's ``j``-th output row."""
+    for i, t in enumerate(combo):
+        r = t - (j * S[i] if i == nd - 2 else 0)
+        if r < 0 or r % D[i] or r // D[i] >= K[i]:
+            return False
+    return True
 
 
 def _prod(t: tuple[int, ...]) -> int:
