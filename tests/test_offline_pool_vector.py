@@ -72,6 +72,16 @@ CASES = [
     ("nn.MaxPool3d((2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), dilation=(2, 1, 2))", (1, 2, 8, 9, 12)),
     ("nn.AvgPool3d(3, stride=2, padding=1)", (2, 2, 9, 8, 16)),
     ("nn.AvgPool3d(2, stride=1, padding=1, ceil_mode=True, count_include_pad=False)", (1, 2, 5, 6, 8)),
+    # rows that are not whole float4s: the shifted path (chunks aligned in memory, rows shifted out)
+    ("nn.MaxPool1d(8, stride=1, padding=4, dilation=3)", (2, 3, 37)),
+    ("nn.AvgPool1d(5, stride=3, padding=2, ceil_mode=True, count_include_pad=False)", (3, 2, 29)),
+    ("nn.MaxPool2d(4, stride=1, padding=1)", (2, 3, 13, 21)),
+    ("nn.MaxPool2d(2, stride=2, padding=1, dilation=3)", (2, 2, 11, 18)),
+    ("nn.MaxPool2d(2, stride=2, ceil_mode=True)", (2, 2, 9, 11)),
+    ("nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)", (2, 3, 17, 13)),
+    ("nn.MaxPool3d(3, stride=2, padding=1, ceil_mode=True)", (1, 2, 9, 10, 11)),
+    ("nn.AvgPool3d(3, stride=2, padding=1)", (2, 2, 9, 8, 13)),
+    ("nn.AvgPool3d(3, stride=2, padding=1, count_include_pad=False)", (1, 3, 7, 6, 15)),
 ]
 
 
@@ -82,6 +92,8 @@ def test_vector_path_matches_eager(tmp_path: Path, layer: str, shape: tuple[int,
     assert recipes
     for recipe in recipes:
         assert "KF_PLD4" in recipe.kernel, f"{recipe.name}: no vector path"
+        if shape[-1] % 4:
+            assert "_sh & 2" in recipe.kernel, f"{recipe.name}: no shifted path"
         kernel, stores = _SCALAR_STORE.subn(r"\1 = 12345.0f;", recipe.kernel)
         assert stores >= 2, recipe.name  # the scalar specialised and the generic paths
         got, expected = run_against_eager(problem, replace(recipe, kernel=kernel))
@@ -91,13 +103,15 @@ def test_vector_path_matches_eager(tmp_path: Path, layer: str, shape: tuple[int,
         )
 
 
-def test_misaligned_rows_take_the_scalar_path(tmp_path: Path) -> None:
-    """A last dim not a multiple of 4: the float4 path is skipped at run time (its stores poisoned)."""
+def test_misaligned_buffer_takes_the_scalar_path(tmp_path: Path) -> None:
+    """A buffer not 16-byte aligned (forced: the flag that forward computes set to 0) takes the scalar
+    specialised path; the vector paths' results are poisoned, so taking either fails."""
     problem = _problem(tmp_path, "nn.MaxPool2d(4, stride=1, padding=1)", (2, 3, 13, 21), nan=True)
     recipe = next(r for r in _GEN.recipes(problem.summary(), "opencl") if r.name == "graph/fused")
     kernel = re.sub(r"(\w+_s); \{ float acc = \w+;", r"\1; { float acc = 12345.0f;", recipe.kernel)
-    assert kernel != recipe.kernel
-    got, expected = run_against_eager(problem, replace(recipe, kernel=kernel))
+    forward, flags = re.subn(r"(X\d+) = 0 if .*", r"\1 = 0", recipe.forward)
+    assert kernel != recipe.kernel and flags == 1
+    got, expected = run_against_eager(problem, replace(recipe, kernel=kernel, forward=forward))
     assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 

@@ -157,10 +157,14 @@ def _pool(
     if static is not None and x.ctype == "float":
         fast = _specialised(L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of)
         if x.buffer is not None and vector_plan(static, nd) is not None:
-            L.fwd(f"X{n} = int({x.py_shape}[-1] % 4 == 0 and {x.buffer}.data_ptr() % 16 == 0)")
+            flag = L.sym(f"X{n}")
+            L.fwd(f"X{n} = 0 if {x.buffer}.data_ptr() % 16 else 2 if {x.py_shape}[-1] % 4 == 0 else 1")
             clip = not divisor and (ceil or (not include_pad and any(static[2])))
-            vec = _vectorised(L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of, clip)
-            fast = f"    if ({L.sym(f'X{n}')}) {{\n{vec}\n    }} else {{\n{fast}\n    }}"
+            args = (L, node, kind, nd, x, out, dims, lead, static, divisor, divisor_of, clip)
+            vec = _vectorised(*args)
+            if shift_wanted(static):
+                fast = f"    if ({flag} == 1) {{\n{_vectorised(*args, shifted=True)}\n    }} else {{\n{fast}\n    }}"
+            fast = f"    if ({flag} == 2) {{\n{vec}\n    }} else {{\n{fast}\n    }}"
             head += VEC4.get(L.lang, VEC4["opencl"])
         match = " && ".join(
             f"{sym} == {v}"
@@ -392,6 +396,14 @@ def vector_plan(static: tuple[tuple[int, ...], ...], nd: int) -> tuple[int, int,
     return R, off, chunks
 
 
+def shift_wanted(static: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether rows that are not whole float4s take the shifted vector path (chunks aligned in memory,
+    each row's span shifted out of them): where a row's windows overlap or their stride is at most 2
+    (the scalar path's loads of a warp are then strided, each load a fraction of its sectors)."""
+    K, S, _, D = static
+    return (K[-1] - 1) * D[-1] + 1 > S[-1] or S[-1] <= 2
+
+
 def _vectorised(
     L: Lowering,
     node: fx.Node,
@@ -405,6 +417,7 @@ def _vectorised(
     divisor: int | None,
     divisor_of: Any,
     clip: bool,
+    shifted: bool = False,
 ) -> str:
     """The kernel body for the window ``static`` where the input's rows are whole float4s (the last dim
     a multiple of 4, the buffer 16-byte aligned; checked when called).
@@ -447,11 +460,23 @@ def _vectorised(
     lines += [f"        const int {lov[i]} = {ov[i]} * {S[i]} - {P[i]};" for i in range(nd)]
     lines.append(f"        const int {a0} = {lov[-1]} - {off};")
     lines.append(f"        const KF_G float* xb = {L.ptr(x.buffer or '')} + {qplane} * ({psize});")
-    cok = {k: L.fresh("cok") for k in chunks}
-    lines += [
-        f"        const bool {cok[k]} = (unsigned)({a0} + {VEC * k}) < (unsigned){idims[-1]};" for k in chunks
-    ]
     fill = "-INFINITY" if kind == "max" else "0.0f"
+    taps = sorted({c * S[-1] + kw * D[-1] + off for c in range(C) for kw in range(K[-1])})
+    if shifted:  # the chunks are aligned in memory: a row's span starts at a run-time place in them
+        shp = L.fresh("sh")
+        lines.append(f"        const int {shp} = (int)(({qplane} * ({psize})) & 3);")
+        cm = {t: L.fresh("cm") for t in taps}
+        lines += [
+            f"        const bool {cm[t]} = (unsigned)({a0} + {t}) < (unsigned){idims[-1]};" for t in taps
+        ]
+        sel = sorted({q for t in taps for q in (t, t + 2)})
+        chunks = sorted({r // VEC for q in sel for r in (q, q + 1)})
+    else:
+        cok = {k: L.fresh("cok") for k in chunks}
+        lines += [
+            f"        const bool {cok[k]} = (unsigned)({a0} + {VEC * k}) < (unsigned){idims[-1]};"
+            for k in chunks
+        ]
     accs = [[L.fresh("acc") for _ in range(C)] for _ in range(R)]
     lines += [f"        float {a} = {fill};" for row in accs for a in row]
 
@@ -469,17 +494,35 @@ def _vectorised(
         off_row = " + ".join([f"({lov[i]} + {t}) * {strides[i]}" for i, t in enumerate(combo)] + [a0])
         rowok = " && ".join(f"(unsigned)({lov[i]} + {t}) < (unsigned){idims[i]}" for i, t in enumerate(combo))
         rv = L.fresh("r")
-        lines.append(f"        {{ const KF_G float* {rv} = xb + ({off_row});")
+        if shifted:
+            lines.append(f"        {{ const int {rv}_sh = ({shp} + ({off_row})) & 3;")
+            lines.append(f"        const KF_G float* {rv} = xb + ({off_row}) - {rv}_sh;")
+        else:
+            lines.append(f"        {{ const KF_G float* {rv} = xb + ({off_row});")
         if rowok:
             lines.append(f"        const bool {rv}_ok = {rowok};")
         for k in chunks:
-            ok = f"{rv}_ok && {cok[k]}" if rowok else cok[k]
+            if shifted:  # a chunk holding a column of the row: inside the input's 16-byte blocks
+                first = f"{a0} - {rv}_sh + {VEC * k}"
+                ok = f"{first} + {VEC - 1} >= 0 && {first} < {idims[-1]}"
+                ok = f"{rv}_ok && {ok}" if rowok else ok
+            else:
+                ok = f"{rv}_ok && {cok[k]}" if rowok else cok[k]
             lines.append(
                 f"        const float4 {rv}_{k} = {ok} ? KF_PLD4({rv} + {VEC * k}) : KF_PSPLAT4({fill});"
             )
+        elem = {t: _lane(rv, t) for t in taps}
+        if shifted:  # element t is raw t + sh: two selects on the shift's bits, then the column's mask
+            lines += [
+                f"        const float {rv}_t{q} = ({rv}_sh & 1) ? {_lane(rv, q + 1)} : {_lane(rv, q)};"
+                for q in sel
+            ]
+            for t in taps:
+                e = f"(({rv}_sh & 2) ? {rv}_t{t + 2} : {rv}_t{t})"
+                lines.append(f"        const float {rv}_e{t} = {cm[t]} ? {e} : {fill};")
+                elem[t] = f"{rv}_e{t}"
         for c in range(C):
-            vals = [c * S[-1] + kw * D[-1] + off for kw in range(K[-1])]
-            el = [f"{rv}_{t // VEC}.{'xyzw'[t % VEC]}" for t in vals]
+            el = [elem[c * S[-1] + kw * D[-1] + off] for kw in range(K[-1])]
             hc = f"{rv}_h{c}"
             lines.append(f"        float {hc} = {el[0]};")
             lines += [f"        {fold(hc, e)}" for e in el[1:]]
@@ -559,6 +602,11 @@ def _vector_stores(
             f"else {{ {singles} }} }}"
         )
     return lines
+
+
+def _lane(rv: str, r: int) -> str:
+    """Float ``r`` of the row ``rv``'s loaded chunks."""
+    return f"{rv}_{r // VEC}.{'xyzw'[r % VEC]}"
 
 
 def _row_in_window(
