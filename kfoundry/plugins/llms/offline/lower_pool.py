@@ -15,6 +15,13 @@ arguments still hold those values (else a generic loop serves any window):
   shared by overlapping windows is read once per item, not once per output);
 * items whose span lies inside the input take a branch-free path; the rest (borders, padding,
   ceil-mode windows past the end, a ragged last group of rows) mask each tap;
+* where the input is a 16-byte aligned buffer (checked when called) a vector path serves instead:
+  an item is 4 adjacent output columns (one float4) of ``R`` rows (and ``DEPTH`` depths of a 3-D
+  window overlapping there); each input row of its span is read as the aligned float4 chunks that hold
+  a tap, masked per chunk (rows whole float4s: a chunk is wholly in or out of its row) or, for rows that
+  are not, the chunks aligned in memory and the row's span shifted out of them at run time (two
+  selects per float, a mask per column); one body serves borders and padding (no divergent border
+  path); stores are float4 where output rows are a multiple of 4 long;
 * max propagates NaN as torch does (``max.NaN.f32`` on sm_80+; elsewhere ``v > a || v != v``),
   padding is -inf for max; average divides by torch's count (``count_include_pad``) or
   ``divisor_override``.
@@ -22,6 +29,7 @@ arguments still hold those values (else a generic loop serves any window):
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +48,8 @@ ROWS = 4
 #: Output columns per work item where 1-D windows overlap (each shared tap loaded once, the index
 #: arithmetic once: a window of 8 at stride 1 loads 11 values for 4 outputs, not 32)
 COLS = 4
+#: Output rows per vector-path item along a 3-D window's depth where the windows overlap there.
+DEPTH = 2
 #: Adjacent outputs per work item along the innermost dim on the vector path (one float4).
 VEC = 4
 #: Most floats of one input row's span (its float4 chunks) the vector path holds at once.
@@ -436,25 +446,21 @@ def _vectorised(
     C = VEC
     idims = x.dims[lead:]
     od = odims[lead:]
-    ohb = f"(({od[-2]} + {R - 1}) / {R})" if nd >= 2 else ""
-    owb = f"(({od[-1]} + {C - 1}) / {C})"
-    item_sp = [*od[: nd - 2], ohb, owb] if nd >= 2 else [owb]
+    B = _blocks(static, nd, R)
+    item_sp = [od[i] if B[i] == 1 else f"(({od[i]} + {B[i] - 1}) / {B[i]})" for i in range(nd - 1)]
+    item_sp.append(f"(({od[-1]} + {C - 1}) / {C})")
     planes = " * ".join(f"(kf_long){dm}" for dm in odims[:lead]) or "(kf_long)1"
     qn = [L.fresh("q") for _ in item_sp]
     qplane = L.fresh("qp")
     items = f"{planes} * " + " * ".join(f"(kf_long){dm}" for dm in item_sp)
     dec = decompose("g", [f"({planes})", *item_sp], [qplane, *qn], "items")
-    o = [f"(int){q}" for q in qn]
-    if nd >= 2:
-        o[-2] = f"((int){qn[-2]} * {R})"
+    o = [f"(int){q}" if i == nd - 1 or B[i] == 1 else f"((int){q} * {B[i]})" for i, q in enumerate(qn)]
     o[-1] = f"((int){qn[-1]} * {C})"
     ov = [L.fresh("o") for _ in range(nd)]
     lov = [L.fresh("lo") for _ in range(nd)]
     a0 = L.fresh("a")
     strides = [" * ".join(idims[i + 1 :]) or "1" for i in range(nd)]
-    span = [(K[i] - 1) * D[i] + 1 for i in range(nd)]
-    if nd >= 2:
-        span[-2] += (R - 1) * S[-2]
+    span = [(K[i] - 1) * D[i] + 1 + (B[i] - 1) * S[i] for i in range(nd - 1)]
     psize = " * ".join(f"(kf_long){dm}" for dm in idims)
     lines = [f"        const int {ov[i]} = {o[i]};" for i in range(nd)]
     lines += [f"        const int {lov[i]} = {ov[i]} * {S[i]} - {P[i]};" for i in range(nd)]
@@ -477,18 +483,19 @@ def _vectorised(
             f"        const bool {cok[k]} = (unsigned)({a0} + {VEC * k}) < (unsigned){idims[-1]};"
             for k in chunks
         ]
-    accs = [[L.fresh("acc") for _ in range(C)] for _ in range(R)]
-    lines += [f"        float {a} = {fill};" for row in accs for a in row]
+    outs = list(itertools.product(*(range(b) for b in B)))  # the item's output rows (offsets per dim)
+    accs = {jt: [L.fresh("acc") for _ in range(C)] for jt in outs}
+    lines += [f"        float {a} = {fill};" for row in accs.values() for a in row]
 
     def fold(a: str, v: str) -> str:
         return f"KF_PMAX({a}, {v});" if kind == "max" else f"{a} += {v};"
 
     combos: list[tuple[int, ...]] = [()]
-    for i in range(nd - 1):
-        combos = [(*c, t) for c in combos for t in range(span[i])]
-    started: set[tuple[int, int]] = set()
+    for sp in span:
+        combos = [(*c, t) for c in combos for t in range(sp)]
+    started: set[tuple[tuple[int, ...], int]] = set()
     for combo in combos:
-        js = [j for j in range(R) if _row_in_window(combo, j, K, S, D, nd)]
+        js = [jt for jt in outs if _row_in_window(combo, jt, K, S, D)]
         if not js:
             continue
         off_row = " + ".join([f"({lov[i]} + {t}) * {strides[i]}" for i, t in enumerate(combo)] + [a0])
@@ -555,7 +562,7 @@ def _vector_stores(
     qplane: str,
     pcoords: list[str],
     ov: list[str],
-    accs: list[list[str]],
+    accs: dict[tuple[int, ...], list[str]],
     static: tuple[tuple[int, ...], ...],
     divisor: int | None,
     divisor_of: Any,
@@ -567,21 +574,17 @@ def _vector_stores(
     K, S, P, _ = static
     nd = len(od)
     lines = []
-    for j, row in enumerate(accs):
+    blocked = [i for i in range(nd - 1) if any(jt[i] for jt in accs)]
+    for jt, row in accs.items():
+        at = [f"({ov[i]} + {jt[i]})" if i < nd - 1 else ov[i] for i in range(nd)]
         res = []
         for c, a in enumerate(row):
-            oc = [f"(kf_long){v}" for v in ov]
-            if nd >= 2:
-                oc[-2] = f"((kf_long){ov[-2]} + {j})"
-            oc[-1] = f"((kf_long){ov[-1]} + {c})"
+            oc = [f"(kf_long){v}" for v in at[:-1]] + [f"((kf_long){ov[-1]} + {c})"]
             st, _, _ = L.epilogue(node, out, [*pcoords, *oc], "float")
             fin = ""
             if kind == "avg":
                 if clip:
-                    ocs = [f"{v}" for v in ov]
-                    if nd >= 2:
-                        ocs[-2] = f"({ov[-2]} + {j})"
-                    ocs[-1] = f"({ov[-1]} + {c})"
+                    ocs = [*at[:-1], f"({ov[-1]} + {c})"]
                     div = divisor_of(ocs, [str(v) for v in K], [str(v) for v in S], [str(v) for v in P])
                 else:
                     div = lit(float(divisor)) if divisor else lit(float(_prod(K)))
@@ -591,9 +594,9 @@ def _vector_stores(
             lines.append(f"        float {v}; {{ float acc = {a}; {fin}{v} = {st}; }}")
         flat = qplane
         for i in range(nd):
-            at = f"((kf_long){ov[i]} + {j})" if (nd >= 2 and i == nd - 2) else f"(kf_long){ov[i]}"
-            flat = f"({flat} * {od[i]} + {at})"
-        keep = f"if ({ov[-2]} + {j} < {od[-2]}) " if len(accs) > 1 else ""
+            flat = f"({flat} * {od[i]} + (kf_long){at[i]})"
+        keep = " && ".join(f"{at[i]} < {od[i]}" for i in blocked)
+        keep = f"if ({keep}) " if keep else ""
         singles = " ".join(
             f"if ({ov[-1]} + {c} < {od[-1]}) y[{flat} + {c}] = {v};" for c, v in enumerate(res)
         )
@@ -610,15 +613,27 @@ def _lane(rv: str, r: int) -> str:
 
 
 def _row_in_window(
-    combo: tuple[int, ...], j: int, K: tuple[int, ...], S: tuple[int, ...], D: tuple[int, ...], nd: int
+    combo: tuple[int, ...], jt: tuple[int, ...], K: tuple[int, ...], S: tuple[int, ...], D: tuple[int, ...]
 ) -> bool:
     """Whether the input row at span offsets ``combo`` (the dims before the last) is a tap row of the
-    item's ``j``-th output row."""
+    item's output row ``jt`` (its offsets along those dims)."""
     for i, t in enumerate(combo):
-        r = t - (j * S[i] if i == nd - 2 else 0)
+        r = t - jt[i] * S[i]
         if r < 0 or r % D[i] or r // D[i] >= K[i]:
             return False
     return True
+
+
+def _blocks(static: tuple[tuple[int, ...], ...], nd: int, R: int) -> list[int]:
+    """Output rows per item along each dim before the last: ``R`` along the rows, ``DEPTH`` along a 3-D
+    window's depth where its windows overlap (rows shared by neighbouring outputs read once per item)."""
+    K, S, _, D = static
+    B = [1] * (nd - 1)
+    if nd >= 2:
+        B[-1] = R
+    if nd >= 3 and (K[-3] - 1) * D[-3] + 1 > S[-3]:
+        B[-2] = DEPTH
+    return B
 
 
 def _prod(t: tuple[int, ...]) -> int:
