@@ -67,9 +67,9 @@ def test_depthwise_conv_is_a_stencil_and_tiles_follow_the_shape() -> None:
     separable = load_problem(DATA / "level1/depthwise_separable_conv.py", {})  # depthwise, then pointwise
     fused = {r.name: r for r in gen.recipes(separable.summary(), "cuda")}["graph/fused"]
     assert "_dwconv(" in fused.kernel and "_convgemm(" in fused.kernel
-    square = load_problem(DATA / "level1/conv2d_square.py", {})  # 128 output channels: 128 x 64 tiles
+    square = load_problem(DATA / "level1/conv2d_square.py", {})  # 128 output channels: 128 x 256 tiles
     coop = {r.name: r for r in gen.recipes(square.summary(), "cuda")}["graph/fused_coop"]
-    assert "convgemm" in coop.kernel and coop.defaults["CM"] == 8 and coop.defaults["CN"] == 4
+    assert "convgemm" in coop.kernel and coop.defaults["CM"] == 8 and coop.defaults["CN"] == 16
     dilated = load_problem(DATA / "level1/conv2d_dilated_padded.py", {})  # 64 output channels: 64 x 64
     fused = {r.name: r for r in gen.recipes(dilated.summary(), "cuda")}["graph/fused"]
     assert fused.defaults["CM"] == 4 and fused.defaults["CN"] == 4

@@ -38,6 +38,10 @@ MIN_ROWS = 4
 #: Thread blocks an H200 holds two of per SM (132 SMs): a tile choice must leave at least this many.
 MIN_TILES = 2 * 132
 
+#: Tiles the 128 x 256 choice needs (one 256-thread block per SM at its ~200 registers): four waves, so
+#: the last one's tail costs little.
+MIN_WIDE_TILES = 4 * 132
+
 
 def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
     """(CM, CN) of the largest implicit-GEMM convolution of ``conv_sizes`` ((output channels per group,
@@ -45,12 +49,17 @@ def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
     channels per group 32 x 128 tiles (CM 2, CN 8), up to 96 64 x 64 (CM 4, CN 4); from 97 (KernelBench's
     128-channel convolutions) 128 x 64 (CM 8, CN 4): twice the multiply-adds per patch gather and per
     local-memory read of the filter tile at 127 registers (two 256-thread blocks per SM still fit; 128 x 128
-    takes 161, one block). Narrower columns (or rows) where that leaves fewer than ``MIN_TILES`` tiles."""
+    takes 161, one block). Where such a product has at least ``MIN_WIDE_TILES`` tiles of 128 x 256, those
+    (CM 8, CN 16: sgemm_warp's 128 x 256 x 16 block of 8 x 16 per thread, one block per SM): a quarter of
+    the gathers, table reads and shared-memory reads per multiply-add. Narrower columns (or rows) where
+    that leaves fewer than ``MIN_TILES`` tiles."""
     rows, cols, batch = max(conv_sizes, key=lambda s: s[0] * s[1] * s[2])
 
     def tiles(cm: int, cn: int) -> int:
         return -(-rows // (16 * cm)) * -(-cols // (16 * cn)) * batch
 
+    if rows > 96 and tiles(8, 16) >= MIN_WIDE_TILES:
+        return 8, 16
     if rows > 96 and tiles(8, 4) >= MIN_TILES:
         return 8, 4
     cm = 2 if rows <= 32 else 4
@@ -104,6 +113,20 @@ def _ld4(lang: str, src: str) -> str:
     if lang == "opencl":
         return f"const float4 t4 = vload4(0, &{src});"
     return f"const float4 t4 = *reinterpret_cast<const float4*>(&{src});"
+
+
+#: Bytes of the two double-buffered tiles (the launch's dynamic shared memory on CUDA).
+SMEM_PY = "4 * 2 * 16 * (16 * p['CM'] + 4 + 16 * p['CN'] + 4)"
+
+
+def _tiles_decl(lang: str, smem: str) -> str:
+    """The filter tile ``As[2][16][16CM + 4]`` (stored transposed) and the patch tile
+    ``Bs[2][16][16CN + 4]``: local arrays on OpenCL, views of dynamic shared memory ``smem`` on CUDA."""
+    if lang == "opencl":
+        return "    KF_LOCAL float As[2][16][16 * CM + 4];\n    KF_LOCAL float Bs[2][16][16 * CN + 4];"
+    return f"""    extern __shared__ __align__(16) float {smem}[];
+    float (*As)[16][16 * CM + 4] = reinterpret_cast<float (*)[16][16 * CM + 4]>({smem});
+    float (*Bs)[16][16 * CN + 4] = reinterpret_cast<float (*)[16][16 * CN + 4]>({smem} + 2 * 16 * (16 * CM + 4));"""
 
 
 def emit_conv_gemm(
@@ -260,8 +283,7 @@ def emit_conv_gemm(
             for (int c = 0; c < CN; ++c) if (ok[c]) y[yrow + yo[c]] = v[c];
         }}"""
     )
-    text = f"""    KF_LOCAL float As[2][16][16 * CM + 4];
-    KF_LOCAL float Bs[2][16][16 * CN + 4];
+    text = f"""{_tiles_decl(lang, f"kf_csm{L.nk}")}
     KF_LOCAL int kt[2][{nf}][16];
     const int tx = KF_LID(0), ty = KF_LID(1), tid = ty * 16 + tx;
     const int j0 = (int)KF_GRP(0) * (16 * CN), i0 = (int)KF_GRP(1) * (16 * CM);
@@ -396,8 +418,16 @@ def emit_conv_gemm(
     if transposed and nd >= 2:  # 128-row tiles take 130 registers here (one 256-thread block per SM)
         rows = min(rows, 96)
     L.conv_sizes.append((rows, math.prod(out[2:]), out[0] * groups))
+    if lang == "cuda":  # the tiles in dynamic shared memory (CM 8, CN 16: 49.7 KB, past the static 48 KB)
+        launch += f", shared_mem={SMEM_PY}"
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
-    L.fwd(L.sched.kernels[-1].launch)
+    k = L.sched.kernels[-1]
+    if lang == "cuda":  # 256 threads; two blocks per SM (128 registers) up to 32 accumulators
+        k.source = k.source.replace(
+            f"KF_KERNEL {k.name}(", f"KF_KERNEL __launch_bounds__(256, KF_CONV_MINB) {k.name}(", 1
+        )
+        k.source = "#define KF_CONV_MINB ((CM) * (CN) > 32 ? 1 : 2)\n" + k.source
+    L.fwd(k.launch)
     if pool and parts is not None:  # the reduction folds the partials (the conv's value is never read)
         lower_conv_pool.finish(L, pool[0], *parts, pool[2], P)
     return L.buffer_val(name, out, py_shape, ctype)
