@@ -43,6 +43,11 @@ MIN_TILES = 2 * 132
 MIN_WIDE_TILES = 4 * 132
 
 
+def _tiles(rows: int, cols: int, batch: int, cm: int, cn: int) -> int:
+    """Output tiles of 16CM x 16CN of a product of ``rows`` x ``cols`` per each of ``batch``."""
+    return -(-rows // (16 * cm)) * -(-cols // (16 * cn)) * batch
+
+
 def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
     """(CM, CN) of the largest implicit-GEMM convolution of ``conv_sizes`` ((output channels per group,
     output positions, images x groups)). From the H200 sweep of session 5 (call F): up to 32 output
@@ -56,7 +61,7 @@ def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
     rows, cols, batch = max(conv_sizes, key=lambda s: s[0] * s[1] * s[2])
 
     def tiles(cm: int, cn: int) -> int:
-        return -(-rows // (16 * cm)) * -(-cols // (16 * cn)) * batch
+        return _tiles(rows, cols, batch, cm, cn)
 
     if rows > 96 and tiles(8, 16) >= MIN_WIDE_TILES:
         return 8, 16
@@ -216,7 +221,8 @@ def emit_conv_gemm(
             {fill_body}            }} else kt[kfb][3][e] = -0x40000000;
         }}"""
     pos = [f"(jb{d} + kt[kbuf][{3 + d}][kr])" for d in range(nd)]
-    checks = " && ".join(f"{q} >= 0 && {q} < {xs[d]}" for d, q in enumerate(pos))
+    # one unsigned compare per dim (a negative position wraps past the bound)
+    checks = " && ".join(f"(unsigned)({q}) < (unsigned)({xs[d]})" for d, q in enumerate(pos))
     if x.buffer is not None:  # the column's base offset plus the tap's
         x_load = "xg[colb + kt[kbuf][1][kr]]"
         xg_decl = f"    KF_G const float* xg = {L.ptr(x.buffer)} + xb;\n"
@@ -414,10 +420,12 @@ def emit_conv_gemm(
         L.fwd(f"b{nk} = torch.empty({parts[0].py_shape}, dtype=torch.float32, device=dev)")
     else:
         L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
-    rows = out[1] // groups
-    if transposed and nd >= 2:  # 128-row tiles take 130 registers here (one 256-thread block per SM)
+    rows, cols, batch = out[1] // groups, math.prod(out[2:]), out[0] * groups
+    if transposed and nd >= 2 and _tiles(rows, cols, batch, 8, 16) < MIN_WIDE_TILES:
+        # 128 x 64 tiles take 130 registers here (one 256-thread block per SM); 128 x 256 ones (one
+        # block per SM anyway) 253, no spills
         rows = min(rows, 96)
-    L.conv_sizes.append((rows, math.prod(out[2:]), out[0] * groups))
+    L.conv_sizes.append((rows, cols, batch))
     if lang == "cuda":  # the tiles in dynamic shared memory (CM 8, CN 16: 49.7 KB, past the static 48 KB)
         launch += f", shared_mem={SMEM_PY}"
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
