@@ -420,12 +420,12 @@ def emit_conv_gemm(
         L.fwd(f"b{nk} = torch.empty({parts[0].py_shape}, dtype=torch.float32, device=dev)")
     else:
         L.fwd(f"b{nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
-    rows, cols, batch = out[1] // groups, math.prod(out[2:]), out[0] * groups
-    if transposed and nd >= 2 and _tiles(rows, cols, batch, 8, 16) < MIN_WIDE_TILES:
+    rows, positions, batch = out[1] // groups, math.prod(out[2:]), out[0] * groups
+    if transposed and nd >= 2 and _tiles(rows, positions, batch, 8, 16) < MIN_WIDE_TILES:
         # 128 x 64 tiles take 130 registers here (one 256-thread block per SM); 128 x 256 ones (one
         # block per SM anyway) 253, no spills
         rows = min(rows, 96)
-    L.conv_sizes.append((rows, cols, batch))
+    L.conv_sizes.append((rows, positions, batch))
     if lang == "cuda":  # the tiles in dynamic shared memory (CM 8, CN 16: 49.7 KB, past the static 48 KB)
         launch += f", shared_mem={SMEM_PY}"
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
