@@ -74,6 +74,27 @@ def wanted(L: Lowering, inner: int) -> bool:
     return on and inner >= 2 * PIECE and (pp + GRID[L.lang]) * PIECE * 4 <= MAX_DISTANCE
 
 
+def uniform(
+    weight: str | None, bias: str | None, param: Callable[[str, int | None], str], divided: str | None
+) -> tuple[str, str, str] | None:
+    """(scale, offset, whether a piece has one pair) of the affine step ``(v - mean) * scale + offset``
+    where a piece's elements can share one pair of affine parameters, as C over the piece (``c0``,
+    ``len``, ``kf_pb``); None where every element has its own (layer norm's per-element parameters)."""
+    if weight is None and bias is None:
+        return "kf_rstd", "0.0f", "1"
+    first = param("c0", None)
+    if divided is None and "c0" in first:
+        return None
+    sc = f"kf_rstd * {weight}[{first}]" if weight is not None else "kf_rstd"
+    of = f"{bias}[{first}]" if bias is not None else "0.0f"
+    uni = (
+        f"(unsigned)c0 / (unsigned)({divided}) == (unsigned)(c0 + len - 1) / (unsigned)({divided})"
+        if divided
+        else "1"
+    )
+    return sc, of, uni
+
+
 def stream_normalise(
     L: Lowering,
     node: fx.Node,
@@ -143,41 +164,79 @@ def stream_normalise(
         for k, c in enumerate("xyzw")
     )
     merge = CHAN_MERGE
-    piece = """const kf_long row = {j} / {pp}, c0 = ({j} - row * {pp}) * {P};
+    piece = """const int row = (int)({j} / {pp});
+            const kf_long c0 = ((kf_long){j} - (kf_long)row * {pp}) * {P};
             const kf_long left = (kf_long){inner} - c0;
             const int len = (int)(left < {P} ? left : {P});
-            KF_G const float* p = {xp} + row * (kf_long){inner} + c0;"""
+            KF_G const float* p = {xp} + (kf_long)row * {inner} + c0;"""
+    fast = uniform(weight, bias, param, divided)
 
     def loads(arr: str, ld: str) -> str:
         return (
-            f"for (int u = 0; u < {V}; ++u) {{ const int i = t + u * BLOCK; "
-            f"if ({vec} && 4 * i < len) {arr}[u] = {ld}; "
-            f"else {{ {arr}[u] = {zero4}; if (!{vec}) {{ "
+            f"if ({vec}) {{ for (int u = 0; u < {V}; ++u) {{ const int i = t + u * BLOCK; "
+            f"{arr}[u] = 4 * i < len ? {ld} : {zero4}; }} }} "
+            f"else {{ for (int u = 0; u < {V}; ++u) {{ const int i = t + u * BLOCK; {arr}[u] = {zero4}; "
             + " ".join(f"if (4 * i + {k} < len) {arr}[u].{c} = p[4 * i + {k}];" for k, c in enumerate("xyzw"))
-            + " } } }"
+            + " } }"
         )
 
+    if L.lang == "cuda":  # warp sums, then one value per warp summed by item 0 (a fixed order)
+        reduce = """s1 = kf_wsum(s1);
+            s2 = kf_wsum(s2);
+            if ((t & 31) == 0) { kf_a[t >> 5] = s1; kf_b[t >> 5] = s2; }
+            KF_BARRIER;
+            if (t == 0) {
+                float a = 0.0f, q = 0.0f;
+                for (int w = 0; w < BLOCK / 32; ++w) { a += kf_a[w]; q += kf_b[w]; }"""
+    else:
+        reduce = """kf_a[t] = s1;
+            kf_b[t] = s2;
+            KF_BARRIER;
+            for (int o = BLOCK / 2; o > 0; o >>= 1) {
+                if (t < o) { kf_a[t] += kf_a[t + o]; kf_b[t] += kf_b[t + o]; }
+                KF_BARRIER;
+            }
+            if (t == 0) {
+                const float a = kf_a[0], q = kf_b[0];"""
+    if fast is None:
+        vec_store = f"{chq}{st4.format(v=outs)};"
+        prep = ""
+    else:
+        sc, of, uni = fast
+        fouts = ", ".join(f"(w.{c} - kf_mean) * kf_sc + kf_of" for c in "xyzw")
+        if uni == "1":  # one pair a row (or none)
+            prep = f"const float kf_sc = {sc}, kf_of = {of};"
+            vec_store = f"{st4.format(v=fouts)};"
+        else:  # a piece within one channel: one pair, a multiply-add an element
+            prep = (
+                f"const int kf_uni = {uni};\n"
+                f"            const float kf_sc = kf_uni ? {sc} : 0.0f, kf_of = kf_uni ? {of} : 0.0f;"
+            )
+            vec_store = f"if (kf_uni) {st4.format(v=fouts)}; else {{ {chq}{st4.format(v=outs)}; }}"
     text = f"""    KF_LOCAL float kf_a[BLOCK];
     KF_LOCAL float kf_b[BLOCK];
     KF_LOCAL float kf_c[BLOCK];
-    KF_LOCAL int kf_s[2];
+    KF_LOCAL int kf_s[3];
     const int t = KF_LID(0);
     KF_G int* ws = (KF_G int*){wi};
     KF_G float* pf = (KF_G float*){wf};
     const kf_long total = (kf_long){rows} * {pp};
     KF_G float* fin = pf + 2 * total;
-    for (;;) {{
-        if (t == 0) kf_s[0] = {add}(ws, 1);
-        KF_BARRIER;
-        const kf_long j = kf_s[0], k = j - {D};
-        KF_BARRIER;
-        if (j >= total + {D}) break;
-        float4 va[{V}];
-        float4 vb[{V}];
-        if (j < total) {{
-            {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
-            {loads("va", ld4)}
-        }}
+    if (t == 0) kf_s[0] = {add}(ws, 1);
+    KF_BARRIER;
+    kf_long j = kf_s[0];
+    int crow = -1;  // the row whose statistics this work-group holds (rows come in order: few waits)
+    float kf_mean = 0.0f, kf_rstd = 0.0f;
+    float4 va[{V}];
+    float4 vb[{V}];
+    if (j < total) {{
+        {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
+        {loads("va", ld4)}
+    }}
+    while (j < total + {D}) {{
+        const kf_long k = j - {D};
+        KF_BARRIER;  // every item has read the last ticket
+        if (t == 0) kf_s[2] = {add}(ws, 1);  // the next ticket, taken under this one's work
         if (k >= 0) {{
             {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
             {loads("vb", ld4_last)}
@@ -193,59 +252,64 @@ def stream_normalise(
                 s1 += (d0 + d1) + (d2 + d3);
                 s2 += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
             }}
-            kf_a[t] = s1;
-            kf_b[t] = s2;
-            KF_BARRIER;
-            for (int o = BLOCK / 2; o > 0; o >>= 1) {{
-                if (t < o) {{ kf_a[t] += kf_a[t + o]; kf_b[t] += kf_b[t + o]; }}
-                KF_BARRIER;
-            }}
-            if (t == 0) {{
-                const float a = kf_a[0], m2 = kf_b[0] - a * (a / (float)len);
+            {reduce}
+                const float m2 = q - a * (a / (float)len);
                 pf[2 * j] = shift + a / (float)len;
                 pf[2 * j + 1] = m2 > 0.0f ? m2 : 0.0f;
                 {fence};  // the partial before the arrival
                 kf_s[1] = {add}(ws + 1 + row, 1) == {pp} - 1;
             }}
-            KF_BARRIER;
-            if (kf_s[1]) {{  // the row's last piece: merge its pieces (Chan, a fixed order)
-                {fence};
-                float na = 0.0f, ma = 0.0f, qa = 0.0f;
-                for (kf_long q = t; q < {pp}; q += BLOCK) {{
-                    const kf_long qc = q * {PIECE}, ql = (kf_long){inner} - qc;
-                    const float nb = (float)(ql < {PIECE} ? ql : {PIECE});
-                    const float mb = ((volatile KF_G float*)pf)[2 * (row * {pp} + q)];
-                    const float qb = ((volatile KF_G float*)pf)[2 * (row * {pp} + q) + 1];
-                    {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
-                }}
-                {chan_tree(("kf_a", "kf_b", "kf_c"), "                ")}
-                if (t == 0) {{
-                    const float var = kf_c[0] / kf_a[0];
-                    fin[2 * row] = kf_b[0];
-                    fin[2 * row + 1] = {f("rsqrt")}((var > 0.0f ? var : 0.0f) + {lit(eps)});
-                    {fence};  // the statistics before the flag
-                    {xchg}(ws + 1 + {rows} + row, 1);
-                }}
+        }}
+        KF_BARRIER;
+        const kf_long jn = kf_s[2];
+        const int last = j < total && kf_s[1];
+        if (jn < total) {{  // the next piece's loads in flight under the merge and the normalisation
+            {piece.format(j="jn", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {loads("va", ld4)}
+        }}
+        if (last) {{  // piece j was its row's last: merge the row's pieces (Chan, a fixed order)
+            const int row = (int)(j / {pp});
+            {fence};
+            float na = 0.0f, ma = 0.0f, qa = 0.0f;
+            for (kf_long q = t; q < {pp}; q += BLOCK) {{
+                const kf_long qc = q * {PIECE}, ql = (kf_long){inner} - qc;
+                const float nb = (float)(ql < {PIECE} ? ql : {PIECE});
+                const float mb = ((volatile KF_G float*)pf)[2 * ((kf_long)row * {pp} + q)];
+                const float qb = ((volatile KF_G float*)pf)[2 * ((kf_long)row * {pp} + q) + 1];
+                {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
+            }}
+            {chan_tree(("kf_a", "kf_b", "kf_c"), "            ")}
+            if (t == 0) {{
+                const float var = kf_c[0] / kf_a[0];
+                fin[2 * row] = kf_b[0];
+                fin[2 * row + 1] = {f("rsqrt")}((var > 0.0f ? var : 0.0f) + {lit(eps)});
+                {fence};  // the statistics before the flag
+                {xchg}(ws + 1 + {rows} + row, 1);
             }}
         }}
-        if (k >= 0) {{  // piece j - D, its row's statistics ready (or soon)
+        if (k >= 0) {{  // piece j - D: its row's statistics ready (or soon)
             {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
-            if (t == 0) {{
-                while ({add}(ws + 1 + {rows} + row, 0) == 0) {{ {spin} }}
-                {fence};
+            if (row != crow) {{  // a new row: wait for its flag, then load its statistics once
+                if (t == 0) {{
+                    while ({add}(ws + 1 + {rows} + row, 0) == 0) {{ {spin} }}
+                    {fence};
+                }}
+                KF_BARRIER;
+                kf_mean = ((volatile KF_G float*)fin)[2 * row];
+                kf_rstd = ((volatile KF_G float*)fin)[2 * row + 1];
+                crow = row;
             }}
-            KF_BARRIER;
-            const float kf_mean = ((volatile KF_G float*)fin)[2 * row];
-            const float kf_rstd = ((volatile KF_G float*)fin)[2 * row + 1];
             const kf_long kf_pb = {base_fn("row")}; (void)kf_pb;
-            KF_G float* o = y + row * (kf_long){inner} + c0;
+            {prep}
+            KF_G float* o = y + (kf_long)row * {inner} + c0;
             for (int u = 0; u < {V}; ++u) {{
                 const int i = t + u * BLOCK;
                 const float4 w = vb[u];
-                if ({vec4}) {{ if (4 * i < len) {{ {chq}{st4.format(v=outs)}; }} }}
+                if ({vec4}) {{ if (4 * i < len) {{ {vec_store} }} }}
                 else {{ {scal} }}
             }}
         }}
+        j = jn;
     }}"""
     del xp
     idx = L.nk

@@ -42,6 +42,27 @@ def _layout(nd: int, row_dims: list[int]) -> tuple[int, bool] | None:
     return s, head == {0}
 
 
+def _pair_sum(lang: str) -> str:
+    """A work-group's ``s1`` and ``s2`` summed (a fixed order) into ``a`` and ``q`` of item 0, through
+    ``kf_r1`` / ``kf_r2``: on CUDA warp shuffles, then item 0 adds the warps' sums (one barrier); on
+    OpenCL a local-memory tree."""
+    if lang == "cuda":
+        return """    s1 = kf_wsum(s1);
+    s2 = kf_wsum(s2);
+    if ((t & 31) == 0) { kf_r1[t >> 5] = s1; kf_r2[t >> 5] = s2; }
+    KF_BARRIER;
+    float a = 0.0f, q = 0.0f;
+    if (t == 0) for (int w = 0; w < BLOCK / 32; ++w) { a += kf_r1[w]; q += kf_r2[w]; }"""
+    return """    kf_r1[t] = s1;
+    kf_r2[t] = s2;
+    KF_BARRIER;
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {
+        if (t < o) { kf_r1[t] += kf_r1[t + o]; kf_r2[t] += kf_r2[t + o]; }
+        KF_BARRIER;
+    }
+    const float a = kf_r1[0], q = kf_r2[0];"""
+
+
 def _stats_kernels(
     L: Lowering, node: fx.Node, src: Val, row_dims: list[int]
 ) -> tuple[str, dict[str, str]] | None:
@@ -94,15 +115,9 @@ def _stats_kernels(
     }} else {{
         for (int i = t; i < len; i += BLOCK) {{ const float d = p[i] - shift; s1 += d; s2 += d * d; }}
     }}
-    kf_r1[t] = s1;
-    kf_r2[t] = s2;
-    KF_BARRIER;
-    for (int o = BLOCK / 2; o > 0; o >>= 1) {{
-        if (t < o) {{ kf_r1[t] += kf_r1[t + o]; kf_r2[t] += kf_r2[t + o]; }}
-        KF_BARRIER;
-    }}
+{_pair_sum(L.lang)}
     if (t == 0) {{
-        const float a = kf_r1[0], m2 = kf_r2[0] - a * (a / (float)len);
+        const float m2 = q - a * (a / (float)len);
         y[2 * blk] = shift + a / (float)len;
         y[2 * blk + 1] = m2 > 0.0f ? m2 : 0.0f;
     }}"""
@@ -230,16 +245,29 @@ def normalise(
         else ""
     )
     vec = f"{vec} && (unsigned)({step}) >= 4u" if divided else vec
+    fast = lower_norm_stream.uniform(weight, bias, param, step if divided else None)
+    prep, body4 = "", f"{v4} {chq}KF_STORE4(o, 4 * i, {outs});"
+    if fast is not None:  # a piece within one channel: one multiply-add an element
+        sc, of, uni = fast
+        fouts = ", ".join(f"(v.{c} - kf_mean) * kf_sc + kf_of" for c in "xyzw")
+        if uni == "1":
+            prep = f"\n    const float kf_sc = {sc}, kf_of = {of};"
+            body4 = f"{v4} KF_STORE4(o, 4 * i, {fouts});"
+        else:
+            prep = f"\n    const int kf_uni = {uni};\n    const float kf_sc = kf_uni ? {sc} : 0.0f, kf_of = kf_uni ? {of} : 0.0f;"
+            body4 = (
+                f"{v4} if (kf_uni) KF_STORE4(o, 4 * i, {fouts}); else {{ {chq}KF_STORE4(o, 4 * i, {outs}); }}"
+            )
     text = f"""    const int t = KF_LID(0);
     const kf_long blk = (kf_long){mid} * {pp} - 1 - KF_GRP(0);  // last piece first
 {where}
     const kf_long kf_pb = {base_fn("row")}; (void)kf_pb;
     const float kf_mean = {st}[2 * row], kf_rstd = {f("rsqrt")}({st}[2 * row + 1] + {lit(eps)});
     KF_G const float* p = {xp} + base;
-    KF_G float* o = y + base;
+    KF_G float* o = y + base;{prep}
     if ({vec}) {{
         #pragma unroll 4
-        for (int i = t; i < len / 4; i += BLOCK) {{ {v4} {chq}KF_STORE4(o, 4 * i, {outs}); }}
+        for (int i = t; i < len / 4; i += BLOCK) {{ {body4} }}
     }} else {{
         for (int i = t; i < len; i += BLOCK) o[i] = {one("p[i]", "c0 + i")};
     }}"""
