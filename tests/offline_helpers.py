@@ -36,6 +36,23 @@ def run_against_eager(
     return got, expected
 
 
+def run_against_float64(problem: Any, recipe: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(got, expected) in float64: ``recipe``'s ``ModelNew`` on the inputs (seed 0) and the reference run
+    in float64 on the same inputs, under ``no_grad``; the shapes are checked to match."""
+    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
+    ref = problem.make_reference()
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    torch.manual_seed(0)
+    xs = problem.make_inputs(1)
+    with torch.no_grad():
+        expected = ref.double()(*[x.double() for x in xs])
+        got = model(*xs)
+        synchronize()
+    assert got.shape == expected.shape, recipe.name
+    return got.double(), expected
+
+
 def nvcc_resources(source: str, defines: dict[str, Any], tmp_path: Path) -> str:
     """nvcc's ``--resource-usage`` report of ``source`` compiled for sm_90 with ``defines`` (asserted to
     compile)."""

@@ -18,7 +18,7 @@ import torch
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from kfoundry.runtime import load, synchronize
+from tests.offline_helpers import run_against_float64
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
@@ -68,21 +68,6 @@ def _recipe(problem: Any, lang: str, name: str = "graph/fused_coop") -> Any:
     return cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), lang, name, 1)
 
 
-def _run(problem: Any, recipe: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
-    ref = problem.make_reference()
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    torch.manual_seed(0)
-    xs = problem.make_inputs(1)
-    with torch.no_grad():
-        expected = ref.double()(*[x.double() for x in xs])
-        got = model(*xs)
-        synchronize()
-    assert got.shape == expected.shape
-    return got.double(), expected
-
-
 def _piece(kernel: str) -> str:
     """The stage-1 kernel's text."""
     m = re.search(r"KF_KERNEL k\d+_\w*gpart\(.*?\n}\n", kernel, re.S)
@@ -98,7 +83,7 @@ def test_float4_rows_match_float64_at_odd_sizes(
     problem = load_problem(DATA / key, dims)
     recipe = _recipe(problem, "opencl", name)
     assert "vload4(0, kf_p0 + kf_i)" in _piece(recipe.kernel)
-    got, expected = _run(problem, recipe)
+    got, expected = run_against_float64(problem, recipe)
     err = ((got - expected).abs() / (expected.abs() + 1e-3)).max().item()
     assert err < 1e-5, f"{key} {name}: max relative error {err}"
 
@@ -114,7 +99,7 @@ def test_guarded_short_leaves_stay_scalar(_pocl: None, tmp_path: Path) -> None:
     assert "vload4(0, kf_p0 + kf_i)" in piece and "kf_p1" not in piece
     checks = [ln for ln in recipe.forward.splitlines() if re.match(r"V\d+ = ", ln)]
     assert len(checks) == 1 and "S2[1]" in checks[0]
-    got, expected = _run(problem, recipe)
+    got, expected = run_against_float64(problem, recipe)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
 
 

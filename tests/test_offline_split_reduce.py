@@ -17,6 +17,7 @@ from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph, lower_split
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.runtime import load, synchronize
+from tests.offline_helpers import run_against_float64
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
@@ -46,18 +47,8 @@ def _recipe(key: str, dims: dict[str, int | float] | None, name: str) -> tuple[A
 def test_split_loss_matches_float64(key: str, dims: dict[str, int | float], name: str) -> None:
     problem, recipe = _recipe(key, dims, name)
     assert "gpart(" in recipe.kernel  # the grid split
-    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)
-    ref = problem.make_reference()
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    torch.manual_seed(0)
-    xs = problem.make_inputs(1)
-    with torch.no_grad():
-        expected = ref.double()(*[x.double() for x in xs])
-        got = model(*xs)
-        synchronize()
-    assert got.shape == expected.shape
-    err = ((got.double() - expected).abs() / (expected.abs() + 1e-3)).max().item()
+    got, expected = run_against_float64(problem, recipe)
+    err = ((got - expected).abs() / (expected.abs() + 1e-3)).max().item()
     assert err < 1e-4, f"{key} {name}: max relative error {err}"
 
 
