@@ -1185,7 +1185,9 @@ def _used_imports(body: list[ast.stmt]) -> list[ast.stmt]:
 
 def kernel_source(sched: Schedule, lang: str, coop: bool = False) -> str:
     text = "".join(k.source for k in sched.kernels)
-    head = KERNEL_HEADER[lang] + (COOP_HEADER[lang] + COOP_COMMON if coop else "")
+    # the warp helpers (kf_wsum, ...) also where a non-cooperative schedule's kernel folds with shuffles
+    warp = coop or (lang == "cuda" and re.search(r"\bkf_w(sum|max|min|prod)\(", text) is not None)
+    head = KERNEL_HEADER[lang] + (COOP_HEADER[lang] + COOP_COMMON if warp else "")
     return head + prelude(text, lang) + text
 
 
