@@ -51,9 +51,9 @@ def _pocl(pocl_runtime: None) -> None:
 
 def _kernels(source: str) -> list[str]:
     """The generated kernels' names, in launch order."""
-    return re.findall(r"KF_KERNEL\s+(?:__\w+__\([^)]*\)\s+)*(?:void\s+)?(\w+)\(", source) or re.findall(
-        r"__kernel\s+void\s+(\w+)\(", source
-    )
+    return re.findall(
+        r"KF_KERNEL\s+(?:__\w+__\([^)]*\)\s+|KF_\w*BOUNDS\s+)*(?:void\s+)?(\w+)\(", source
+    ) or re.findall(r"__kernel\s+void\s+(\w+)\(", source)
 
 
 def _run(

@@ -285,6 +285,20 @@ __kernel void f(__global const float* restrict X, __global int* restrict idx, in
     assert widen("pid = tl.program_id(0) * B", "triton") == "pid = tl.program_id(0).to(tl.int64) * B"
 
 
+def test_widen_reads_past_kernel_attributes() -> None:
+    body = "(const float* X, float* Y, int n) {\n    int i = blockIdx.x;\n    Y[i] = X[i] + n;\n}\n"
+    heads = [
+        "KF_KERNEL __launch_bounds__(256, 1) k0",
+        "KF_KERNEL KF_CONV_BOUNDS k0",
+        "KF_KERNEL __cluster_dims__(KF_CL, 1, 1) __launch_bounds__(256) k0",
+        'extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN)) k0',
+    ]
+    for head in heads:
+        out = widen(head + body, "cuda")
+        assert "long long n)" in out and "long long i = " in out, (head, out)
+        assert head in out, out  # the attributes are kept as they were
+
+
 # -- (b) the 64-bit variants run on PoCL ----------------------------------------------------------------------
 
 

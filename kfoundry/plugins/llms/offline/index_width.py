@@ -95,9 +95,10 @@ def wide_needed(spec: Any) -> bool:
 
 # -- the rewrite ---------------------------------------------------------------------------------------
 
-_KERNEL_HEAD = re.compile(
-    r"(__kernel\s+void|__global__\s+void(?:\s+__launch_bounds__\s*\([^)]*\))?|KF_KERNEL)\s+(\w+)\s*\("
-)
+#: an attribute between a kernel's head and its name: ``__launch_bounds__(...)`` or ``__cluster_dims__(...)``
+#: (one level of nested parentheses) or a macro spelled ``KF_*_BOUNDS``
+_ATTR = r"(?:\s+(?:__\w+__\s*\((?:[^()]|\([^()]*\))*\)|KF_\w*BOUNDS))*"
+_KERNEL_HEAD = re.compile(rf"(__kernel\s+void|__global__\s+void{_ATTR}|KF_KERNEL{_ATTR})\s+(\w+)\s*\(")
 #: an ``int`` that names a scalar (not ``unsigned int``, not an ``int*``, not a local-memory array)
 _INT = re.compile(r"\bint\b(?!\s*\*)")
 _KEEP_BEFORE = re.compile(r"(unsigned|__local|__shared__|KF_LOCAL|volatile|atomic_|struct)\s*(const\s+)?$")

@@ -120,18 +120,35 @@ def _ld4(lang: str, src: str) -> str:
     return f"const float4 t4 = *reinterpret_cast<const float4*>(&{src});"
 
 
-#: Bytes of the two double-buffered tiles (the launch's dynamic shared memory on CUDA).
-SMEM_PY = "4 * 2 * 16 * (16 * p['CM'] + 4 + 16 * p['CN'] + 4)"
+#: Launch bounds of the CUDA conv tile: more than 32 accumulators (the 128 x 256 tiles) one 256-thread
+#: block per SM; the smaller tiles none. A (256, 2) bound there let nvcc take 89-95 registers where it
+#: takes 55-80 unbounded: two blocks per SM instead of three or four, and 18-29% slower on the H200
+#: (session 10, call 2); a (256, 4) bound spills.
+CONV_BOUNDS = (
+    "#if (CM) * (CN) > 32\n#define KF_CONV_BOUNDS __launch_bounds__(256, 1)\n"
+    "#else\n#define KF_CONV_BOUNDS\n#endif\n"
+)
+
+#: Bytes of the two double-buffered tiles: the launch's dynamic shared memory on CUDA for the 128 x 256
+#: tiles (49.7 KB, past the static 48 KB); static shared memory for the smaller ones (as dynamic, nvcc
+#: took 63-69 registers where it takes 55-56 static: four blocks per SM down to three).
+SMEM_PY = "(4 * 2 * 16 * (16 * p['CM'] + 4 + 16 * p['CN'] + 4) if p['CM'] * p['CN'] > 32 else 0)"
 
 
 def _tiles_decl(lang: str, smem: str) -> str:
     """The filter tile ``As[2][16][16CM + 4]`` (stored transposed) and the patch tile
-    ``Bs[2][16][16CN + 4]``: local arrays on OpenCL, views of dynamic shared memory ``smem`` on CUDA."""
+    ``Bs[2][16][16CN + 4]``: local arrays on OpenCL; on CUDA views of dynamic shared memory ``smem`` for the
+    128 x 256 tiles, static shared arrays for the smaller ones (:data:`SMEM_PY`)."""
     if lang == "opencl":
         return "    KF_LOCAL float As[2][16][16 * CM + 4];\n    KF_LOCAL float Bs[2][16][16 * CN + 4];"
-    return f"""    extern __shared__ __align__(16) float {smem}[];
+    return f"""#if (CM) * (CN) > 32
+    extern __shared__ __align__(16) float {smem}[];
     float (*As)[16][16 * CM + 4] = reinterpret_cast<float (*)[16][16 * CM + 4]>({smem});
-    float (*Bs)[16][16 * CN + 4] = reinterpret_cast<float (*)[16][16 * CN + 4]>({smem} + 2 * 16 * (16 * CM + 4));"""
+    float (*Bs)[16][16 * CN + 4] = reinterpret_cast<float (*)[16][16 * CN + 4]>({smem} + 2 * 16 * (16 * CM + 4));
+#else
+    __shared__ __align__(16) float As[2][16][16 * CM + 4];
+    __shared__ __align__(16) float Bs[2][16][16 * CN + 4];
+#endif"""
 
 
 def emit_conv_gemm(
@@ -426,15 +443,13 @@ def emit_conv_gemm(
         # block per SM anyway) 253, no spills
         rows = min(rows, 96)
     L.conv_sizes.append((rows, positions, batch))
-    if lang == "cuda":  # the tiles in dynamic shared memory (CM 8, CN 16: 49.7 KB, past the static 48 KB)
+    if lang == "cuda":  # the 128 x 256 tiles in dynamic shared memory (SMEM_PY)
         launch += f", shared_mem={SMEM_PY}"
     name = L.kernel(text, ctype, "", "convgemm", launch_dims=launch)
     k = L.sched.kernels[-1]
-    if lang == "cuda":  # 256 threads; two blocks per SM (128 registers) up to 32 accumulators
-        k.source = k.source.replace(
-            f"KF_KERNEL {k.name}(", f"KF_KERNEL __launch_bounds__(256, KF_CONV_MINB) {k.name}(", 1
-        )
-        k.source = "#define KF_CONV_MINB ((CM) * (CN) > 32 ? 1 : 2)\n" + k.source
+    if lang == "cuda":
+        k.source = k.source.replace(f"KF_KERNEL {k.name}(", f"KF_KERNEL KF_CONV_BOUNDS {k.name}(", 1)
+        k.source = CONV_BOUNDS + k.source
     L.fwd(k.launch)
     if pool and parts is not None:  # the reduction folds the partials (the conv's value is never read)
         lower_conv_pool.finish(L, pool[0], *parts, pool[2], P)
