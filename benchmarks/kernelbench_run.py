@@ -119,6 +119,18 @@ def expected_output(
     return expected, inputs
 
 
+def eager_wall_s(ref: Any, problem: Any, inputs: list[Any], device: torch.device) -> tuple[float, list[Any]]:
+    """(wall seconds of one synchronised eager call, the inputs for what follows): a reference that wrote
+    its inputs in place gets them drawn again (``expected_output``'s seed), so later recipes see eager's."""
+    from kfoundry.runtime import synchronize
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        _, inputs = expected_output(ref, problem, inputs, 1, device)
+    synchronize()
+    return time.perf_counter() - start, inputs
+
+
 def _wall_ms(model: Any, inputs: list[Any]) -> float:
     """Wall milliseconds of one synchronised call of ``model`` (built and warmed already)."""
     from kfoundry.runtime import synchronize

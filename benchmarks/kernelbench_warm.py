@@ -56,7 +56,7 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
     sys.modules.pop("__mp_main__", None)
     import torch
     from kernelbench_cache import prepare
-    from kernelbench_run import close, device_usable, expected_output, run_recipe
+    from kernelbench_run import close, device_usable, eager_wall_s, expected_output, run_recipe
 
     from kfoundry.core.problem import load_problem
     from kfoundry.plugins.llms.offline.generator import OfflineGenerator
@@ -113,6 +113,9 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
                 )
                 if ms:  # the first call took over a second: a second call's wall time, the build left out
                     verdict["run_s"] = round(ms / 1e3, 3)
+                    if ms > 1e3:  # and eager's beside it, under the same contention (``SLOW_RATIO``)
+                        eager_s, inputs = eager_wall_s(ref, problem, inputs, device)
+                        verdict["eager_s"] = round(eager_s, 3)
             except (
                 torch.cuda.OutOfMemoryError
             ):  # beside the other workers' tasks: the timing process checks it

@@ -179,3 +179,25 @@ def test_slow_recipes_are_judged_by_their_call_not_their_build() -> None:
     picked = _pick(recipes, Outcome(verdicts=verdicts), row, 0, True, 5.0)
     assert [r.name for r in picked] == ["slow_build", "fast"]
     assert row["slow"] == ["slow_kernel (18 s a call in the warm-up)"]
+
+
+def test_slow_recipes_are_judged_beside_eager_under_the_same_contention() -> None:
+    """A warm-up call slowed by the other workers (eager as slow beside it) is timed; one 20x eager not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench import SLOW_RATIO, _pick
+    from kernelbench_warm import Outcome
+
+    class R:
+        def __init__(self, name: str, rank: int) -> None:
+            self.name, self.rank = name, rank
+
+    recipes = [R("contended", 3), R("really_slow", 2), R("fast", 1)]
+    verdicts = {
+        "contended": {"status": "correct", "s": 15.0, "run_s": 13.0, "eager_s": 11.0},
+        "really_slow": {"status": "correct", "s": 30.0, "run_s": 18.0, "eager_s": 18.0 / (SLOW_RATIO + 1)},
+        "fast": {"status": "correct", "s": 0.2},
+    }
+    row: dict[str, object] = {}
+    picked = _pick(recipes, Outcome(verdicts=verdicts), row, 0, True, 5.0)
+    assert [r.name for r in picked] == ["contended", "fast"]
+    assert row["slow"] == ["really_slow (18 s a call in the warm-up)"]
