@@ -199,13 +199,13 @@ def _pick(
     """The recipes to time, highest rank first: those the warm-up found correct (every one where it did
     not look), the top ``top`` and the naive one if ``top``; the rest go into the row's notes. A correct
     recipe whose call in the warm-up took over ``slow_s`` is not timed (``slow`` note): its second call's
-    seconds where the warm-up made one (``run_s``, the build left out), else its first (build included);
-    where the warm-up timed eager beside it (``eager_s``), only past ``SLOW_RATIO`` times that too."""
+    seconds (``run_s``, the build left out; the warm-up makes one only where the first call, build
+    included, took over a second), and only past ``SLOW_RATIO`` times eager's beside it (``eager_s``)."""
     verdicts = outcome.verdicts if outcome else {}
     keep = []
     for recipe in sorted(recipes, key=lambda r: -r.rank):
         v = verdicts.get(recipe.name)
-        took = v.get("run_s", v.get("s", 0.0)) if v is not None else 0.0
+        took = v.get("run_s", 0.0) if v is not None else 0.0  # none: the first call took under a second
         eager_s = v.get("eager_s", 0.0) if v is not None else 0.0
         if v is not None and v["status"] == "correct" and took > max(slow_s, SLOW_RATIO * eager_s):
             row.setdefault("slow", []).append(f"{recipe.name} ({took:.0f} s a call in the warm-up)")

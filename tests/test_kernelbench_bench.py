@@ -174,10 +174,13 @@ def test_slow_recipes_are_judged_by_their_call_not_their_build() -> None:
         "slow_build": {"status": "correct", "s": 14.0, "run_s": 0.003},
         "slow_kernel": {"status": "correct", "s": 19.0, "run_s": 18.0},
         "fast": {"status": "correct", "s": 0.2},
+        # the first call (its build included) took under a second: no second call, never slow
+        "slow_build_fast_call": {"status": "correct", "s": 6.5},
     }
+    recipes.append(R("slow_build_fast_call", 0))
     row: dict[str, object] = {}
     picked = _pick(recipes, Outcome(verdicts=verdicts), row, 0, True, 5.0)
-    assert [r.name for r in picked] == ["slow_build", "fast"]
+    assert [r.name for r in picked] == ["slow_build", "fast", "slow_build_fast_call"]
     assert row["slow"] == ["slow_kernel (18 s a call in the warm-up)"]
 
 
