@@ -33,11 +33,14 @@ CASES = [
     ("level2/gemm_scale_batchnorm.py", {"batch_size": 5, "in_features": 21, "out_features": 270}),
     ("level2/gemm_functional_layer_norm.py", {"batch_size": 130, "in_features": 19, "out_features": 33}),
     ("level1/batched_matmul.py", {"batch_size": 2, "k": 21, "m": 131, "n": 9}),
+    # x @ weight.T: B's rows run along K (the lintile loads); K not a multiple of 4
+    ("level2/matmul_divide_sum_scaling.py", {"batch_size": 133, "input_size": 38, "hidden_size": 261}),
 ]
 #: PoCL's cases: each evaluation takes 10-25 s on a busy two-core machine (two in the default run)
 POCL = [
     CASES[0],
     CASES[4],
+    CASES[5],
     *(pytest.param(*c, marks=pytest.mark.slow) for c in CASES[1:4]),
     *(
         pytest.param(k, SMALL[k], marks=pytest.mark.slow)
@@ -102,7 +105,9 @@ EMULATED = [
     CASES[0],
     CASES[1],
     CASES[4],
+    CASES[5],
     ("level2/gemm_sum.py", {"batch_size": 130, "in_features": 50, "out_features": 259}),
+    ("level2/matmul_divide_sum_scaling.py", {"batch_size": 64, "input_size": 64, "hidden_size": 260}),
     # ten tile rows: a last group of two rows in the grouped block order
     ("level2/gemm_logsumexp_relu.py", {"batch_size": 1157, "in_features": 8, "out_features": 300}),
 ]
@@ -133,6 +138,17 @@ def test_warp_tiled_cuda_matches_eager_on_the_cpu_emulation(
         got = model(*inputs)
         expected = reference(*inputs)
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_a_transposed_operand_is_read_along_k() -> None:
+    """``x @ w.T`` (and ``q @ k.transpose(-2, -1)``) take the K-major B loads: a warp reading B along N
+    there would stride by K floats (matmul_divide_sum_scaling ran at half of cuBLAS on the H200)."""
+    for key in ("level2/matmul_divide_sum_scaling.py", "level2/linear_qk_scaled_softmax_matmul.py"):
+        problem = load_problem(DATA / key, {})
+        recipe = cookbook_graph.recipe(
+            OfflineGenerator().spec(problem.summary()), "cuda", "graph/fused_coop", 1
+        )
+        assert "mmtile" not in recipe.kernel.split("softmax")[0], key  # the products before the softmax
 
 
 def test_vector_runs_only_for_a_float_buffer_indexed_last_by_the_run() -> None:

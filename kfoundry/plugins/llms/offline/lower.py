@@ -338,6 +338,9 @@ class Val:
     buffer: str | None = None
     #: Elementwise (no anchor between it and its operands): may be applied in an anchor's epilogue.
     elementwise_node: fx.Node | None = None
+    #: A view whose last two dims are its source's swapped (``.T``, ``transpose(-2, -1)``): as a matrix
+    #: product's B operand, its rows run along K (``lintile``'s layout).
+    swapped_last: bool = False
 
 
 @dataclass

@@ -237,7 +237,16 @@ def _permuted(L: Lowering, node: fx.Node, src: Val, perm: list[int]) -> Val:
     out = _shape(node)
     dims = L.shape_dims(f"S{n}", out)
     inv = [perm.index(k) for k in range(len(perm))]
-    return Val(out, dims, lambda c: src.load([c[inv[k]] for k in range(len(perm))]), f"S{n}", src.ctype)
+    nd = len(perm)
+    swapped = nd >= 2 and perm == [*range(nd - 2), nd - 1, nd - 2]
+    return Val(
+        out,
+        dims,
+        lambda c: src.load([c[inv[k]] for k in range(nd)]),
+        f"S{n}",
+        src.ctype,
+        swapped_last=swapped,
+    )
 
 
 def _permute(L: Lowering, node: fx.Node) -> Val:
@@ -1262,7 +1271,7 @@ def _matmul(L: Lowering, node: fx.Node) -> Val:
             lambda bc, i, k: a.load([*_bc_coords(bc, full[:-2], ashape[:-2]), i, k]),
             lambda bc, k, j: b.load([*_bc_coords(bc, full[:-2], bshape[:-2]), k, j]),
             lambda bc, i, j: [*bc, i, j],
-            "mmtile",
+            "lintile" if b.swapped_last and not b1 else "mmtile",  # B read along K where its rows run so
             node,
         )
 
