@@ -96,7 +96,7 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
     if "p['RB']" in forward:  # a register-blocked product: 16RB x 16RB tiles
         params["RB"], defaults["RB"] = [2, 4, 8], _register_block(low.mm_sizes)
     if "p['CM']" in forward:  # an implicit-GEMM convolution: 16CM x 16CN tiles
-        params["CM"], params["CN"] = [1, 2, 4, 8], [2, 4, 8]
+        params["CM"], params["CN"] = [1, 2, 4, 8], [2, 4, 8, 16]
         defaults["CM"], defaults["CN"] = _conv_blocks(low.conv_sizes)
     return Recipe(
         name,
