@@ -50,8 +50,10 @@ def _tiles(rows: int, cols: int, batch: int, cm: int, cn: int) -> int:
 
 def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
     """(CM, CN) of the largest implicit-GEMM convolution of ``conv_sizes`` ((output channels per group,
-    output positions, images x groups)). From the H200 sweep of session 5 (call F): up to 32 output
-    channels per group 32 x 128 tiles (CM 2, CN 8), up to 96 64 x 64 (CM 4, CN 4); from 97 (KernelBench's
+    output positions, images x groups)). From the H200 sweeps of session 5 (call F) and session 11: up to
+    32 output channels per group 32 x 128 tiles (CM 2, CN 8), up to 96 64 x 128 (CM 4, CN 8: 32.2 ms
+    where 64 x 64 took 44.7 on conv_transpose2d_maxpool_hardtanh_mean_tanh's 64-channel, K = 576
+    product; 3.51 against 3.45 at K = 72); from 97 (KernelBench's
     128-channel convolutions) 128 x 64 (CM 8, CN 4): twice the multiply-adds per patch gather and per
     local-memory read of the filter tile at 127 registers (two 256-thread blocks per SM still fit; 128 x 128
     takes 161, one block). Where such a product has at least ``MIN_WIDE_TILES`` tiles of 128 x 256, those
@@ -68,7 +70,7 @@ def conv_blocks(conv_sizes: list[tuple[int, int, int]]) -> tuple[int, int]:
     if rows > 96 and tiles(8, 4) >= MIN_TILES:
         return 8, 4
     cm = 2 if rows <= 32 else 4
-    for cn in (8, 4) if cm == 2 else (4,):
+    for cn in (8, 4):
         if tiles(cm, cn) >= MIN_TILES:
             return cm, cn
     return cm, 2
