@@ -159,8 +159,9 @@ def test_a_reference_that_writes_its_inputs_hands_the_recipes_fresh_ones(tmp_pat
     assert "1/1 problems with a correct kernel" in done.stdout, done.stdout[-3000:]
 
 
-def test_slow_recipes_are_judged_by_their_call_not_their_build() -> None:
-    """``--slow-s`` leaves out a recipe whose second warm-up call was slow, not one whose build was."""
+def _pick_slow(verdicts: dict[str, dict[str, float | str]]) -> tuple[list[str], object]:
+    """(the names ``kernelbench._pick`` keeps at ``--slow-s 5``, highest rank first; its ``slow`` notes) for
+    recipes ranked in the order of ``verdicts``."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from kernelbench import _pick
     from kernelbench_warm import Outcome
@@ -169,38 +170,43 @@ def test_slow_recipes_are_judged_by_their_call_not_their_build() -> None:
         def __init__(self, name: str, rank: int) -> None:
             self.name, self.rank = name, rank
 
-    recipes = [R("slow_build", 3), R("slow_kernel", 2), R("fast", 1)]
-    verdicts = {
-        "slow_build": {"status": "correct", "s": 14.0, "run_s": 0.003},
-        "slow_kernel": {"status": "correct", "s": 19.0, "run_s": 18.0},
-        "fast": {"status": "correct", "s": 0.2},
-        # the first call (its build included) took under a second: no second call, never slow
-        "slow_build_fast_call": {"status": "correct", "s": 6.5},
-    }
-    recipes.append(R("slow_build_fast_call", 0))
+    recipes = [R(name, -k) for k, name in enumerate(verdicts)]
     row: dict[str, object] = {}
     picked = _pick(recipes, Outcome(verdicts=verdicts), row, 0, True, 5.0)
-    assert [r.name for r in picked] == ["slow_build", "fast", "slow_build_fast_call"]
-    assert row["slow"] == ["slow_kernel (18 s a call in the warm-up)"]
+    return [r.name for r in picked], row.get("slow")
+
+
+def test_slow_recipes_are_judged_by_their_call_not_their_build() -> None:
+    """``--slow-s`` leaves out a recipe whose second warm-up call was slow, not one whose build was."""
+    picked, slow = _pick_slow(
+        {
+            "slow_build": {"status": "correct", "s": 14.0, "run_s": 0.003},
+            "slow_kernel": {"status": "correct", "s": 19.0, "run_s": 18.0},
+            "fast": {"status": "correct", "s": 0.2},
+            # the first call (its build included) took under a second: no second call, never slow
+            "slow_build_fast_call": {"status": "correct", "s": 6.5},
+        }
+    )
+    assert picked == ["slow_build", "fast", "slow_build_fast_call"]
+    assert slow == ["slow_kernel (18 s a call in the warm-up)"]
 
 
 def test_slow_recipes_are_judged_beside_eager_under_the_same_contention() -> None:
     """A warm-up call slowed by the other workers (eager as slow beside it) is timed; one 20x eager not."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernelbench import SLOW_RATIO, _pick
-    from kernelbench_warm import Outcome
+    from kernelbench import SLOW_RATIO
 
-    class R:
-        def __init__(self, name: str, rank: int) -> None:
-            self.name, self.rank = name, rank
-
-    recipes = [R("contended", 3), R("really_slow", 2), R("fast", 1)]
-    verdicts = {
-        "contended": {"status": "correct", "s": 15.0, "run_s": 13.0, "eager_s": 11.0},
-        "really_slow": {"status": "correct", "s": 30.0, "run_s": 18.0, "eager_s": 18.0 / (SLOW_RATIO + 1)},
-        "fast": {"status": "correct", "s": 0.2},
-    }
-    row: dict[str, object] = {}
-    picked = _pick(recipes, Outcome(verdicts=verdicts), row, 0, True, 5.0)
-    assert [r.name for r in picked] == ["contended", "fast"]
-    assert row["slow"] == ["really_slow (18 s a call in the warm-up)"]
+    picked, slow = _pick_slow(
+        {
+            "contended": {"status": "correct", "s": 15.0, "run_s": 13.0, "eager_s": 11.0},
+            "really_slow": {
+                "status": "correct",
+                "s": 30.0,
+                "run_s": 18.0,
+                "eager_s": 18.0 / (SLOW_RATIO + 1),
+            },
+            "fast": {"status": "correct", "s": 0.2},
+        }
+    )
+    assert picked == ["contended", "fast"]
+    assert slow == ["really_slow (18 s a call in the warm-up)"]
