@@ -111,7 +111,7 @@ static void emu_launch(dim3 g, dim3 b, const std::function<void()>& fn) {
 
 _SIG = re.compile(
     r'(?:KF_KERNEL|extern "C" __global__ void)(?:\s+__cluster_dims__\([^)]*\))?'
-    r"(?:\s+__launch_bounds__\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)",
+    r"(?:\s+__launch_bounds__\([^)]*\))?(?:\s+KF_\w*BOUNDS)?\s+(\w+)\s*\(([^)]*)\)",
     re.S,
 )
 _CTYPES = {"ptr": ctypes.c_void_p, "ll": ctypes.c_longlong, "f": ctypes.c_float, "i": ctypes.c_int}
