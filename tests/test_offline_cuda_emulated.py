@@ -70,6 +70,7 @@ template <class T> static inline void __stcs(T* p, T v) { *p = v; }
 #define __expf(x) expf(x)
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
+static inline float __fdividef(float a, float b) { return a / b; }
 static inline float emu_xchg_f(float v, int src_lane) {
     int t = emu_tid(), w = t >> 5;
     g_wbar[w]->arrive_and_wait(); g_xf[t] = v; g_wbar[w]->arrive_and_wait();
