@@ -23,6 +23,7 @@ def notes(row: dict[str, Any]) -> str:
         parts.append("pressed for time: the top-ranked correct recipe only")
     elif row.get("untimed"):
         parts.append(f"{len(row['untimed'])} more correct, not timed (--top)")
+    parts.extend(row.get("rewritten") or [])
     for k in ("compile_error", "compile_note"):
         if row.get(k):
             parts.append(f"torch.compile: {row[k]}")
@@ -41,7 +42,11 @@ def format_row(row: dict[str, Any]) -> str:
     return (
         f"| {row['problem']} | {row['recipe']}{notes(row)} | {row['ms']:.4f} | {_num(row['x_eager'], '.2f')} | "
         f"{_num(row['x_compile'], '.2f')} | {_num(row['x_naive'], '.2f')} | "
-        f"{_num(100 * row['roofline'], '.0f')}% | {row['roof']} |"
+        + (
+            "- | rewritten |"  # its own work is not the problem's: a share of the problem's roofline would mislead
+            if row.get("rewritten")
+            else f"{_num(100 * row['roofline'], '.0f')}% | {row['roof']} |"
+        )
     )
 
 
@@ -78,14 +83,25 @@ def summary(rows: list[dict[str, Any]], compiled: bool) -> list[str]:
         cut = sum(1 for r in mine if "ms" not in r and r.get("cut"))
         comp = geo([r["x_compile"] for r in good]) if compiled else math.nan
         n_comp = sum(1 for r in good if r["x_compile"] == r["x_compile"])
+        plain = [r for r in good if not r.get("rewritten")]
         lines.append(
             f"{scope}: {recog}/{len(mine)} recognised, {len(good)}/{len(mine)} correct and timed"
             + (f" ({cut} cut)" if cut else "")
             + f"; geo-mean x eager {_num(geo([r['x_eager'] for r in good]), '.2f')}, "
             f"x torch.compile {_num(comp, '.2f')} (over {n_comp}), x naive {_num(geo([r['x_naive'] for r in good]), '.2f')}"
+            + (
+                f"; without the {len(good) - len(plain)} algebraically rewritten rows: x torch.compile "
+                f"{_num(geo([r['x_compile'] for r in plain]) if compiled else math.nan, '.2f')}"
+                if len(plain) < len(good)
+                else ""
+            )
         )
     for scope in levels:
-        mem = [r for r in rows if _level(r) == scope and "ms" in r and r["roof"] == "copy"]
+        mem = [
+            r
+            for r in rows
+            if _level(r) == scope and "ms" in r and r["roof"] == "copy" and not r.get("rewritten")
+        ]
         at_bar = [r for r in mem if r["roofline"] >= MEM_BAR]
         both = [r for r in at_bar if r["x_compile"] >= 1.0] if compiled else []
         lines.append(

@@ -88,7 +88,12 @@ def test_cuda_offers_the_cooperative_schedule() -> None:
         ("level1/softmax_dim1_3d.py", False, False, {}),
         ("level1/softmax_dim1_3d.py", True, False, {"batch_size": 2, "dim2": 64}),  # few rows: a warp each
         # the sizes this case was written for (the file now has KernelBench's, where the schedule differs)
-        ("level2/gemm_sum.py", True, True, {"batch_size": 128, "in_features": 1024, "out_features": 512}),
+        (
+            "level2/gemm_logsumexp_relu.py",
+            True,
+            True,
+            {"batch_size": 128, "in_features": 1024, "out_features": 512},
+        ),
         ("level1/conv2d_square.py", False, False, {}),
     ):
         problem = load_problem(DATA / key, shapes)

@@ -11,6 +11,7 @@ from kfoundry.core.models import ParamValue, TunableSpace
 from kfoundry.plugins.llms.offline import lower_conv
 from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.plugins.llms.offline.lower import PY_HELPERS, Lowering, forward_body, init_source, kernel_source
+from kfoundry.plugins.llms.offline.normalize_linear_sum import REWRITES
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 
@@ -109,7 +110,7 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
         defaults,
         rank=rank,
         modules=["_RefInit(*init_inputs)"],
-        description=what,
+        description="; ".join([what, *spec.graph.meta.get(REWRITES, [])]),
         preamble=preamble,
         sycl_ok=False,
     )

@@ -631,11 +631,15 @@ def reduce(
     split = op in ("sum", "mean", "max", "min") or (op == "norm" and p in (1.0, 2.0))
     if split and total_r >= SPLIT_MIN and math.prod(out) <= SPLIT_MAX_OUT:
         decl = node if pick_node is None and epilogue else None
+        count_py = " * ".join(f"{S}[{k}]" for k in dims) or "1"
+        if lower_split.can_split(op, p) and lower_split.column_reduction(L, src, dims, place, len(out)):
+            return lower_split.grid_reduce(  # a column reduction of a row-major buffer: a thread per column
+                L, decl, src, op, p, tag, out, rdims, (), count_py, "1", place, divide_by, column=True
+            )
         if L.fuse:  # contiguous runs of a buffer: work-groups of 128-bit loads per piece
             blocked = lower_stats.block_reduce(L, decl, src, op, p, tag, out, dims, divide_by)
             if blocked is not None:
                 return blocked
-        count_py = " * ".join(f"{S}[{k}]" for k in dims) or "1"
         if lower_split.can_split(op, p):  # work-groups of pieces, then a work-group per output
             rshape = tuple(src.shape[k] for k in dims)
             return lower_split.grid_reduce(

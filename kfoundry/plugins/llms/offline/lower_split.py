@@ -203,6 +203,124 @@ def _row_loop(
     }}"""
 
 
+#: Column mode: at least this many threads over (output, piece) pairs, at least COLUMN_PIECE terms a piece.
+COLUMN_THREADS = 1 << 18
+COLUMN_PIECE = 32
+
+
+def column_reduction(
+    L: Lowering, src: Val, dims: list[int], in_coords: Callable[[list[str], list[str]], list[str]], n_out: int
+) -> bool:
+    """Whether a reduction of ``src`` over ``dims`` runs in column mode (:func:`_column_reduce`): the
+    innermost dim (of more than one element) is an output dim, and every buffer the term reads either
+    has it as its own innermost coordinate (neighbouring threads, neighbouring addresses) or does not
+    read it (one address for neighbouring threads)."""
+    nd = len(src.shape)
+    if not src.shape or src.shape[-1] <= 1 or nd - 1 in dims or n_out == 0:
+        return False
+    ocs = [f"o{k}" for k in range(n_out)]
+    rcs = [f"rc{k}" for k in range(len(dims))]
+    inner = ocs[-1]
+    seen: list[list[str]] = []
+
+    def record(p: str, c: list[str], dims_: list[str], ctype: str) -> None:
+        seen.append(list(c))
+        return None
+
+    saved, L.leaf_hook = L.leaf_hook, record
+    try:
+        src.load(in_coords(ocs, rcs))
+    finally:
+        L.leaf_hook = saved
+    mention = re.compile(rf"\b{inner}\b")
+    return bool(seen) and all(
+        (c and c[-1] == inner and not any(mention.search(x) for x in c[:-1]))
+        or not any(mention.search(x) for x in c)
+        for c in seen
+    )
+
+
+def _column_reduce(
+    L: Lowering,
+    node: fx.Node | None,
+    src: Val,
+    op: str,
+    p: float,
+    tag: str,
+    out: tuple[int, ...],
+    rdims: list[str],
+    count_py: str,
+    in_coords: Callable[[list[str], list[str]], list[str]],
+    divide_by: str,
+) -> Val:
+    """:func:`grid_reduce` where the reduced dims are outer to the innermost output dim (a column sum of a
+    row-major buffer): a thread per (output, piece), so neighbouring threads read neighbouring addresses
+    (a warp reads one 128-byte line per step, not 32 sectors), each folding its piece's terms in order into
+    four accumulators; then a thread per output folds its pieces in order (deterministic, no atomics)."""
+    f = lambda name: fn(name, L.lang)  # noqa: E731
+    kind = op if op in ("max", "min") else "add"
+    init, comb = _COMBINE[kind]
+    term = {"norm": (lambda v: f"({v}) * ({v})") if p == 2.0 else (lambda v: f"{f('fabs')}({v})")}.get(
+        op, lambda v: v
+    )
+    # W: outputs, terms per output, pieces per output, terms per piece
+    L.fwd(f"W{tag}r = (_prod(S{tag}), {count_py})")
+    L.fwd(
+        f"W{tag}g = max(1, min(_cdiv(W{tag}r[1], {COLUMN_PIECE}), _cdiv({COLUMN_THREADS}, max(1, W{tag}r[0]))))"
+    )
+    L.fwd(f"W{tag}p = _cdiv(W{tag}r[1], W{tag}g)")
+    L.fwd(f"W{tag} = (W{tag}r[0], W{tag}r[1], _cdiv(W{tag}r[1], W{tag}p), W{tag}p)")
+    outs, cnt, G, rp = (L.sym(f"W{tag}[{k}]") for k in range(4))
+    odims = L.shape_dims(f"S{tag}", out)
+    ocs = [f"o{k}" for k in range(len(out))]
+    rcs = [f"rc{k}" for k in range(len(rdims))]
+    x = src.load(in_coords(ocs, rcs))
+    fold_v = "(" + term("v") + ")"
+    step = " ".join(
+        f"if (q + {k} < q1) {{ const kf_long kf_q{k} = q + {k}; "
+        + decompose(f"kf_q{k}", rdims, rcs, cnt).replace("\n", " ").strip()
+        + f" const float v = {x}; {comb.format(a=f's{k}', b=fold_v)} }}"
+        for k in range(4)
+    )
+    text = f"""    const kf_long blk = KF_GRP(0), piece = blk % (kf_long){G};
+    const kf_long oi = (blk / (kf_long){G}) * BLOCK + KF_LID(0);
+    if (oi >= (kf_long){outs}) return;
+{decompose("oi", odims, ocs, outs) if out else ""}    float s0 = {init}, s1 = {init}, s2 = {init}, s3 = {init};
+    const kf_long q0 = piece * (kf_long){rp};
+    const kf_long q1 = q0 + (kf_long){rp} < (kf_long){cnt} ? q0 + (kf_long){rp} : (kf_long){cnt};
+    for (kf_long q = q0; q < q1; q += 4) {{
+        {step}
+    }}
+    {comb.format(a="s0", b="s1")} {comb.format(a="s2", b="s3")} {comb.format(a="s0", b="s2")}
+    y[piece * (kf_long){outs} + oi] = s0;"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(max(1, W{tag}[0] * W{tag}[2]), dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, _cdiv(W{tag}[0], p['BLOCK']) * W{tag}[2]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    parts = L.ptr(L.kernel(text, "float", "", f"{op}cpart", launch_dims=launch))
+    L.fwd(L.sched.kernels[-1].launch)
+    coords = [f"c{k}" for k in range(len(out))]
+    store, ctype, _ = L.epilogue(node, out, coords, "float")
+    fin = ""
+    if op == "mean":
+        fin += f" acc = acc / (float)({cnt});"
+    if op == "norm" and p == 2.0:
+        fin += f" acc = {f('sqrt')}(acc);"
+    if divide_by:
+        fin += f" acc = acc / (float)({divide_by});"
+    text = f"""    const kf_long row = KF_GID;
+    if (row >= (kf_long){outs}) return;
+    float s = {init};
+    for (kf_long g = 0; g < (kf_long){G}; ++g) {{ const float v = {parts}[g * (kf_long){outs} + row]; {comb.format(a="s", b="v")} }}
+{decompose("row", odims, coords, outs) if out else ""}    float acc = s;{fin}
+    y[row] = {store};"""
+    idx = L.nk
+    L.fwd(f"b{idx} = torch.empty(S{tag}, dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, _cdiv(W{tag}[0], p['BLOCK'])), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, ctype, "", op, launch_dims=launch)
+    L.fwd(L.sched.kernels[-1].launch)
+    return L.buffer_val(name, out, f"S{tag}", ctype)
+
+
 def grid_reduce(
     L: Lowering,
     node: fx.Node | None,
@@ -217,9 +335,14 @@ def grid_reduce(
     row_py: str,
     in_coords: Callable[[list[str], list[str]], list[str]],
     divide_by: str,
+    column: bool = False,
 ) -> Val:
     """``op`` of ``src`` over the reduced coordinates (C sizes ``rdims``, traced ``rshape``) for each output
-    of ``out`` (the Python shape ``S{tag}``); ``in_coords(out_coords, red_coords)`` places a term."""
+    of ``out`` (the Python shape ``S{tag}``); ``in_coords(out_coords, red_coords)`` places a term.
+    ``column``: the reduced dims are outer to the innermost output dim of a row-major buffer
+    (:func:`_column_reduce`)."""
+    if column:
+        return _column_reduce(L, node, src, op, p, tag, out, rdims, count_py, in_coords, divide_by)
     f = lambda name: fn(name, L.lang)  # noqa: E731
     kind = op if op in ("max", "min") else "add"
     init, comb = _COMBINE[kind]

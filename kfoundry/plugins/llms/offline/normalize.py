@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.plugins.llms.offline.normalize_forms import rewrite_forms
+from kfoundry.plugins.llms.offline.normalize_linear_sum import sum_of_affine_product
 from kfoundry.plugins.llms.offline.normalize_ops import merge_full_reductions
 
 __all__ = ["normalize", "with_shapes"]
@@ -163,7 +164,8 @@ def with_shapes(gm: fx.GraphModule) -> bool:
     changed and shapes must be propagated again): ``y.dtype`` as an argument is the dtype it was traced
     with; ``x.type_as(y)`` is ``x.to(dtype)``; ``movedim`` with int dims is ``permute``; ``max``/``min`` over a negative dim count it
     from 0; ``F.prelu`` is
-    ``where(x >= 0, x, weight * x)`` with the weight over the channel dimension."""
+    ``where(x >= 0, x, weight * x)`` with the weight over the channel dimension; a sum over the features of an
+    affine map of a matrix product is a matrix-vector product (:mod:`.normalize_linear_sum`)."""
     changed = False
     graph = gm.graph
     for node in list(graph.nodes):
@@ -207,6 +209,7 @@ def with_shapes(gm: fx.GraphModule) -> bool:
             graph.erase_node(node)
             changed = True
     changed |= merge_full_reductions(gm)
+    changed |= sum_of_affine_product(gm)
     if changed:
         graph.lint()
         gm.recompile()
