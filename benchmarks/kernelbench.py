@@ -46,9 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kernelbench_* mo
 
 from kernelbench_cache import prepare  # noqa: E402
 from kernelbench_run import (  # noqa: E402
+    BY_FLOAT64,
     Timer,
     device_usable,
     expected_output,
+    float64_truth,
     judge_timer,
     make_timer,
     run_recipe,
@@ -130,12 +132,13 @@ def _breadth(
     expected: torch.Tensor,
     device: torch.device,
     load: Any,
+    truth: Any = None,
 ) -> bool:
-    """Set ``row['recipe']`` to the highest-ranked recipe that matches eager (one run each), and print it;
-    False where a recipe's fault left the device unusable."""
+    """Set ``row['recipe']`` to the highest-ranked recipe that matches eager (one run each; ``truth``: the
+    float64 fallback of ``close``), and print it; False where a recipe's fault left the device unusable."""
     for recipe in sorted(recipes, key=lambda r: -r.rank):
         try:
-            ms, err = run_recipe(recipe, problem, inputs, expected, device, None, 0.0, load)
+            ms, err = run_recipe(recipe, problem, inputs, expected, device, None, 0.0, load, truth)
         except Exception as exc:  # noqa: BLE001 - a recipe that fails to build or launch loses only itself
             row.setdefault("failed", []).append(f"{recipe.name} ({type(exc).__name__}: {str(exc)[:80]})")
             if not device_usable(device):
@@ -239,6 +242,7 @@ def _measure(
         expected, inputs = expected_output(ref, problem, inputs, 1, device)
         eager = time_ms(functools.partial(ref, *inputs), timer, args.budget_s)
     row["eager_ms"] = eager
+    truth = float64_truth(ref, inputs)  # only where a recipe misses eager's output by more than 1e-3
     pressed = s.left_s / max(1, s.left_rows) < args.press_s  # behind: the top recipe only, for every row
     if pressed:
         row["pressed"] = True
@@ -269,7 +273,9 @@ def _measure(
             row["cut"] = [r.name for r in todo[i:]]
             break
         try:
-            ms, err = run_recipe(recipe, problem, inputs, expected, device, timer, args.budget_s, s.load)
+            ms, err = run_recipe(
+                recipe, problem, inputs, expected, device, timer, args.budget_s, s.load, truth
+            )
         except Exception as exc:  # noqa: BLE001 - a recipe that fails to build or launch loses only itself
             row.setdefault("failed", []).append(f"{recipe.name} ({_line(exc)[:80]})")
             if not device_usable(device):  # a fault poisons the context: go on in a new process
@@ -281,6 +287,8 @@ def _measure(
             row.setdefault("wrong", []).append(f"{recipe.name} (max error {err:.3g})")
         else:
             times[recipe.name] = ms
+            if err == BY_FLOAT64:
+                row.setdefault("float64", []).append(recipe.name)
     sweep = [n for n in args.sweep.split(",") if n]
     top = [r for r in recipes if sweep and all(n in r.defaults for n in sweep)]
     if top:
@@ -528,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                 inputs = problem.make_inputs(1, device)
                 with torch.no_grad():
                     expected, inputs = expected_output(ref, problem, inputs, 1, device)
-                if not _breadth(row, recipes, problem, inputs, expected, device, load):
+                truth = float64_truth(ref, inputs)
+                if not _breadth(row, recipes, problem, inputs, expected, device, load, truth):
                     _restart(argv, {**run_state, "rows": [*rows, row]})
             except Exception as exc:  # noqa: BLE001 - the problem's own fault costs its row
                 row["error"] = _line(exc)

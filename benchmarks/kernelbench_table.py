@@ -19,6 +19,8 @@ MEM_BAR = 0.9
 def notes(row: dict[str, Any]) -> str:
     """The recipes that were wrong, failed or not measured, for the recipe column."""
     parts = [f"{k}: " + ", ".join(row[k]) for k in ("wrong", "failed", "cut", "slow") if row.get(k)]
+    if row.get("float64"):  # off eager by more than 1e-3, within the judge's float64-calibrated bounds
+        parts.append("correct against float64, not within 1e-3 of eager: " + ", ".join(row["float64"]))
     if row.get("pressed"):
         parts.append("pressed for time: the top-ranked correct recipe only")
     elif row.get("untimed"):

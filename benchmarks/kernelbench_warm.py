@@ -56,7 +56,15 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
     sys.modules.pop("__mp_main__", None)
     import torch
     from kernelbench_cache import prepare
-    from kernelbench_run import close, device_usable, eager_wall_s, expected_output, run_recipe
+    from kernelbench_run import (
+        BY_FLOAT64,
+        close,
+        device_usable,
+        eager_wall_s,
+        expected_output,
+        float64_truth,
+        run_recipe,
+    )
 
     from kfoundry.core.problem import load_problem
     from kfoundry.plugins.llms.offline.generator import OfflineGenerator
@@ -90,6 +98,7 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
                 torch.cuda.empty_cache()
             conn.send(("done", key, "", {}))
             continue
+        truth = float64_truth(ref, inputs)
         names = [r.name for r in recipes]
         if compile_too:  # after the two highest-ranked recipes (the ones timed), before the slow naive ones
             names.insert(min(2, len(names)), COMPILE)
@@ -107,10 +116,12 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
                     ms: float | None = 0.0 if ok else None
                 else:
                     recipe = next(r for r in recipes if r.name == name)
-                    ms, err = run_recipe(recipe, problem, inputs, expected, device, None, 0.0, load)
+                    ms, err = run_recipe(recipe, problem, inputs, expected, device, None, 0.0, load, truth)
                 verdict: dict[str, Any] = (
                     {"status": "correct"} if ms is not None else {"status": "wrong", "err": err}
                 )
+                if ms is not None and err == BY_FLOAT64:
+                    verdict["by"] = "float64"
                 if ms:  # the first call took over a second: a second call's wall time, the build left out
                     verdict["run_s"] = round(ms / 1e3, 3)
                     if ms > 1e3:  # and eager's beside it, under the same contention (``SLOW_RATIO``)
@@ -128,7 +139,7 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
                 conn.send(("verdict", key, name, verdict))
                 return  # the context is lost: the parent starts a fresh worker
             conn.send(("verdict", key, name, verdict))
-        del ref, inputs, expected
+        del ref, inputs, expected, truth
         if device.type == "cuda":
             torch.cuda.empty_cache()
         conn.send(("done", key, "", {}))

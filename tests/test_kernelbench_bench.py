@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "kernelbench.py"
@@ -210,3 +211,29 @@ def test_slow_recipes_are_judged_beside_eager_under_the_same_contention() -> Non
     )
     assert picked == ["contended", "fast"]
     assert slow == ["really_slow (18 s a call in the warm-up)"]
+
+
+class _Sum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=1)
+
+
+def test_an_output_eager_itself_gets_wrong_is_judged_against_float64() -> None:
+    """Outputs near zero after cancellation: a reordered float32 sum misses eager's by more than 1e-3
+    (eager is off float64 by as much), so the fixed tolerance says wrong and the judge's float64
+    criterion says correct; a cheaper computation (bf16 terms) stays wrong under both."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_run import BY_FLOAT64, close, float64_truth
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 200000, generator=gen) * 100
+    x -= x.mean(dim=1, keepdim=True)  # sums near zero, terms of size 100
+    ref = _Sum()
+    expected = ref(x)
+    reordered = x.flip(1).reshape(64, 400, 500).sum(2).sum(1)
+    truth = float64_truth(ref, [x])
+    assert close(reordered, expected)[0] is False
+    assert close(reordered, expected, truth) == (True, BY_FLOAT64)
+    cheap = x.bfloat16().float().sum(dim=1)
+    assert close(cheap, expected, truth)[0] is False
+    assert close(expected.clone(), expected, truth) == (True, 0.0)
