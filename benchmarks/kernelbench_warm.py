@@ -21,6 +21,8 @@ from typing import Any
 
 #: the pseudo-recipe name of torch.compile's run in a warm-up result
 COMPILE = "torch.compile"
+#: how often a task that ran out of device memory beside others is tried again (twice its estimate each time)
+OOM_RETRIES = 2
 
 
 @dataclass
@@ -33,6 +35,8 @@ class Task:
     mem: int
     skip: list[str] = field(default_factory=list)
     tries: int = 0
+    #: times it went back to the queue after running out of device memory beside other tasks
+    oom_tries: int = 0
 
 
 @dataclass
@@ -176,6 +180,7 @@ def warm_up(
     deadline_s: float,
     recipe_s: float,
     log: Any = print,
+    worker: Any = None,
 ) -> dict[str, Outcome]:
     """Warm every task in ``workers`` processes within ``deadline_s`` (a recipe or torch.compile running
     past ``recipe_s`` is cut: marked failed, its worker replaced); the outcome per problem key."""
@@ -187,7 +192,8 @@ def warm_up(
 
     def spawn() -> _Slot:
         mine, theirs = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(backend_name, str(folder), compile_too, theirs), daemon=True)
+        target = worker or _worker  # (a test's stand-in: a module-level function, for spawn)
+        p = ctx.Process(target=target, args=(backend_name, str(folder), compile_too, theirs), daemon=True)
         p.start()
         theirs.close()
         return _Slot(p, mine)
@@ -228,7 +234,26 @@ def warm_up(
             outcomes[key].error, outcomes[key].fatal = data["detail"], kind == "error"
         elif kind == "done":
             outcomes[key].seconds += time.monotonic() - slot.task_started
-            slot.task = None
+            task, slot.task = slot.task, None
+            retry_after_oom(task)
+
+    def retry_after_oom(task: Task) -> None:
+        """A task that ran out of device memory beside the others goes back to the queue (at most
+        ``OOM_RETRIES`` times) with twice its estimate, the recipes already judged skipped: it starts
+        once that much is free (alone, at worst), so a wrong estimate costs time, not the row."""
+        out = outcomes[task.key]
+        short = [n for n, v in out.verdicts.items() if v.get("status") == "unchecked"]
+        if not (short or (out.error and not out.fatal)) or task.oom_tries >= OOM_RETRIES:
+            return
+        for name in short:
+            del out.verdicts[name]
+        if out.error and not out.fatal:
+            out.error = ""
+        task.skip = [*out.verdicts]
+        task.oom_tries += 1
+        task.mem = min(2 * task.mem, mem_budget)
+        pending.append(task)
+        pending.sort(key=lambda t: -t.mem)
 
     def drain(slot: _Slot) -> bool:
         """Read every message the slot's worker has sent; False once its end is closed (it died)."""

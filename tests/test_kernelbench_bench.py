@@ -237,3 +237,45 @@ def test_an_output_eager_itself_gets_wrong_is_judged_against_float64() -> None:
     cheap = x.bfloat16().float().sum(dim=1)
     assert close(cheap, expected, truth)[0] is False
     assert close(expected.clone(), expected, truth) == (True, 0.0)
+
+
+def _oom_once_worker(backend_name: str, folder: str, compile_too: bool, conn: object) -> None:
+    """A stand-in for the warm-up's worker: every recipe of a task's first try runs out of device memory
+    (``unchecked``), every one of its retry is correct; the set-up of ``setup_oom`` runs out once too."""
+    conn.send(("ready", "", "", {}))  # type: ignore[attr-defined]
+    while (task := conn.recv()) is not None:  # type: ignore[attr-defined]
+        if task.key == "setup_oom" and task.oom_tries == 0:
+            conn.send(("unwarmed", task.key, "", {"detail": "OutOfMemoryError: CUDA out of memory"}))  # type: ignore[attr-defined]
+        else:
+            for name in (n for n in ("a", "b", "torch.compile") if n not in task.skip):
+                status = "unchecked" if task.oom_tries == 0 and name != "a" else "correct"
+                conn.send(("verdict", task.key, name, {"status": status, "mem": task.mem}))  # type: ignore[attr-defined]
+        conn.send(("done", task.key, "", {}))  # type: ignore[attr-defined]
+
+
+def test_a_task_out_of_memory_beside_others_is_warmed_again_with_twice_its_estimate(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_warm import Task, warm_up
+
+    tasks = [Task("recipe_oom", "x.py", {}, 1 << 20), Task("setup_oom", "y.py", {}, 3 << 20)]
+    out = warm_up(
+        tasks,
+        backend_name="opencl",
+        folder=tmp_path,
+        workers=2,
+        mem_budget=4 << 20,
+        compile_too=True,
+        deadline_s=60,
+        recipe_s=30,
+        log=lambda line: None,
+        worker=_oom_once_worker,
+    )
+    first = out["recipe_oom"].verdicts
+    assert {n: v["status"] for n, v in first.items()} == {
+        "a": "correct",
+        "b": "correct",
+        "torch.compile": "correct",
+    }
+    assert first["a"]["mem"] == 1 << 20 and first["b"]["mem"] == 2 << 20  # "a" kept from the first try
+    second = out["setup_oom"]
+    assert second.error == "" and second.verdicts["a"]["mem"] == 4 << 20  # doubled, capped at the budget
