@@ -632,7 +632,7 @@ def reduce(
     if split and total_r >= SPLIT_MIN and math.prod(out) <= SPLIT_MAX_OUT:
         decl = node if pick_node is None and epilogue else None
         count_py = " * ".join(f"{S}[{k}]" for k in dims) or "1"
-        if lower_split.can_split(op, p) and lower_split.column_reduction(L, src, dims, place, len(out)):
+        if lower_split.can_split(op, p) and lower_split.column_reduction(L, src, dims, place, out):
             return lower_split.grid_reduce(  # a column reduction of a row-major buffer: a thread per column
                 L, decl, src, op, p, tag, out, rdims, (), count_py, "1", place, divide_by, column=True
             )

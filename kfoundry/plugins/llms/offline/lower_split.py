@@ -209,14 +209,19 @@ COLUMN_PIECE = 32
 
 
 def column_reduction(
-    L: Lowering, src: Val, dims: list[int], in_coords: Callable[[list[str], list[str]], list[str]], n_out: int
+    L: Lowering,
+    src: Val,
+    dims: list[int],
+    in_coords: Callable[[list[str], list[str]], list[str]],
+    out: tuple[int, ...],
 ) -> bool:
-    """Whether a reduction of ``src`` over ``dims`` runs in column mode (:func:`_column_reduce`): the
-    innermost dim (of more than one element) is an output dim, and every buffer the term reads either
-    has it as its own innermost coordinate (neighbouring threads, neighbouring addresses) or does not
+    """Whether a reduction of ``src`` over ``dims`` (to ``out``) runs in column mode
+    (:func:`_column_reduce`): the output's innermost dim has more than one element, and every buffer the
+    term reads has that output coordinate as its own innermost one (neighbouring threads, neighbouring
+    addresses: a column sum of a row-major buffer, or a row sum of a transposed view of one) or does not
     read it (one address for neighbouring threads)."""
-    nd = len(src.shape)
-    if not src.shape or src.shape[-1] <= 1 or nd - 1 in dims or n_out == 0:
+    n_out = len(out)
+    if n_out == 0 or out[-1] <= 1:
         return False
     ocs = [f"o{k}" for k in range(n_out)]
     rcs = [f"rc{k}" for k in range(len(dims))]
@@ -233,7 +238,7 @@ def column_reduction(
     finally:
         L.leaf_hook = saved
     mention = re.compile(rf"\b{inner}\b")
-    return bool(seen) and all(
+    return any(c and c[-1] == inner for c in seen) and all(
         (c and c[-1] == inner and not any(mention.search(x) for x in c[:-1]))
         or not any(mention.search(x) for x in c)
         for c in seen
