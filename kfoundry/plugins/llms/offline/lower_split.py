@@ -208,6 +208,27 @@ COLUMN_THREADS = 1 << 18
 COLUMN_PIECE = 32
 
 
+def _fold_ops(lang: str, op: str, p: float) -> tuple[str, str, Callable[[str], str]]:
+    """(initial value, combine statement, per-term map) of a split reduction ``op`` (``p``: a norm's)."""
+    init, comb = _COMBINE[op if op in ("max", "min") else "add"]
+    if op == "norm":
+        return (
+            init,
+            comb,
+            (lambda v: f"({v}) * ({v})") if p == 2.0 else (lambda v: f"{fn('fabs', lang)}({v})"),
+        )
+    return init, comb, lambda v: v
+
+
+def _finish(lang: str, op: str, p: float, cnt: str, divide_by: str) -> str:
+    """Statements turning the folded ``acc`` into the output: mean's division, the L2 norm's root, a
+    further divisor."""
+    fin = f" acc = acc / (float)({cnt});" if op == "mean" else ""
+    if op == "norm" and p == 2.0:
+        fin += f" acc = {fn('sqrt', lang)}(acc);"
+    return fin + (f" acc = acc / (float)({divide_by});" if divide_by else "")
+
+
 def column_reduction(
     L: Lowering,
     src: Val,
@@ -262,12 +283,7 @@ def _column_reduce(
     row-major buffer): a thread per (output, piece), so neighbouring threads read neighbouring addresses
     (a warp reads one 128-byte line per step, not 32 sectors), each folding its piece's terms in order into
     four accumulators; then a thread per output folds its pieces in order (deterministic, no atomics)."""
-    f = lambda name: fn(name, L.lang)  # noqa: E731
-    kind = op if op in ("max", "min") else "add"
-    init, comb = _COMBINE[kind]
-    term = {"norm": (lambda v: f"({v}) * ({v})") if p == 2.0 else (lambda v: f"{f('fabs')}({v})")}.get(
-        op, lambda v: v
-    )
+    init, comb, term = _fold_ops(L.lang, op, p)
     # W: outputs, terms per output, pieces per output, terms per piece
     L.fwd(f"W{tag}r = (_prod(S{tag}), {count_py})")
     L.fwd(
@@ -305,13 +321,7 @@ def _column_reduce(
     L.fwd(L.sched.kernels[-1].launch)
     coords = [f"c{k}" for k in range(len(out))]
     store, ctype, _ = L.epilogue(node, out, coords, "float")
-    fin = ""
-    if op == "mean":
-        fin += f" acc = acc / (float)({cnt});"
-    if op == "norm" and p == 2.0:
-        fin += f" acc = {f('sqrt')}(acc);"
-    if divide_by:
-        fin += f" acc = acc / (float)({divide_by});"
+    fin = _finish(L.lang, op, p, cnt, divide_by)
     text = f"""    const kf_long row = KF_GID;
     if (row >= (kf_long){outs}) return;
     float s = {init};
@@ -348,12 +358,7 @@ def grid_reduce(
     (:func:`_column_reduce`)."""
     if column:
         return _column_reduce(L, node, src, op, p, tag, out, rdims, count_py, in_coords, divide_by)
-    f = lambda name: fn(name, L.lang)  # noqa: E731
-    kind = op if op in ("max", "min") else "add"
-    init, comb = _COMBINE[kind]
-    term = {"norm": (lambda v: f"({v}) * ({v})") if p == 2.0 else (lambda v: f"{f('fabs')}({v})")}.get(
-        op, lambda v: v
-    )
+    init, comb, term = _fold_ops(L.lang, op, p)
     row_mode = len(rshape) >= 1 and rshape[-1] >= ROW_MIN
     rowlen_py = row_py if row_mode else "1"
     # W: outputs, terms per output, rows per output, pieces per output, rows per piece
@@ -398,13 +403,7 @@ def grid_reduce(
     coords = [f"c{k}" for k in range(len(out))]
     store, ctype, _ = L.epilogue(node, out, coords, "float")
     decomp = decompose("row", odims, coords, outs) if out else ""
-    fin = ""
-    if op == "mean":
-        fin += f" acc = acc / (float)({cnt});"
-    if op == "norm" and p == 2.0:
-        fin += f" acc = {f('sqrt')}(acc);"
-    if divide_by:
-        fin += f" acc = acc / (float)({divide_by});"
+    fin = _finish(L.lang, op, p, cnt, divide_by)
     text = f"""{_scratch(L.lang)}
     const int t = KF_LID(0);
     const kf_long row = KF_GRP(0);
