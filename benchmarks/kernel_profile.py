@@ -6,11 +6,21 @@ KernelBench problems, from torch.profiler's device trace, as a table (kernel, ca
 
 The recipes run at their defaults on the inputs of ``benchmarks/kernelbench.py`` (seed 1); each is
 checked against eager first (a wrong one is reported, not profiled).
+
+With ``--ncu`` the script only marks one call of each recipe for Nsight Compute (CUDA profiler start/stop
+around it, an NVTX range named "problem recipe"); run it under ncu:
+
+    ncu --profile-from-start off --nvtx --clock-control none --section SpeedOfLight \
+        --section WarpStateStats -o prof python benchmarks/kernel_profile.py --ncu \
+        level1/l2_norm.py:graph/fused_coop level1/softmax_rows.py:softmax/cluster_stream
+
+A problem written ``key:recipe`` runs only that recipe (the ``--recipe`` list applies to the others).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -71,11 +81,33 @@ def profile(fn: Any, inputs: list[Any], calls: int) -> list[tuple[str, int, floa
     return sorted(rows, key=lambda r: -r[2])
 
 
+def mark_for_ncu(fn: Any, inputs: list[Any], label: str) -> None:
+    """Two warm calls of ``fn``, then one inside CUDA profiler start/stop and an NVTX range ``label``."""
+    import torch
+
+    from kfoundry.runtime import synchronize
+
+    with torch.no_grad():
+        for _ in range(2):
+            fn(*inputs)
+        synchronize()
+        torch.cuda.profiler.start()
+        # a torch built without NVTX: the kernels' order still tells which is which
+        with contextlib.suppress(RuntimeError, AttributeError):
+            torch.cuda.nvtx.range_push(label)
+        fn(*inputs)
+        synchronize()
+        with contextlib.suppress(RuntimeError, AttributeError):
+            torch.cuda.nvtx.range_pop()
+        torch.cuda.profiler.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("problems", nargs="+", help="keys under tests/data/kernelbench, e.g. level1/gelu.py")
     ap.add_argument("--recipe", action="append", default=[], help="a recipe name, eager or compile (repeat)")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--ncu", action="store_true", help="mark one call of each for Nsight Compute instead")
     ap.add_argument(
         "--small", action="store_true", help="the shapes of tests/data/kernelbench/small_shapes.json"
     )
@@ -93,19 +125,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     _, device, _ = prepare("cuda", Path(tempfile.mkdtemp(prefix="kf-profile-")))
-    for key in args.problems:
+    for entry in args.problems:
+        key, _, only = entry.partition(":")
         problem = load_problem(DATA / key, small.get(key, {}))
         torch.manual_seed(0)
         ref = problem.make_reference().to(device)
         inputs = problem.make_inputs(1, device)
         with torch.no_grad():
             expected, inputs = expected_output(ref, problem, inputs, 1, device)
-        for name in args.recipe or ["eager"]:
+        for name in [only] if only else args.recipe or ["eager"]:
             fn = _callable(name, problem, ref, device, load)
             with torch.no_grad():
                 ok, err = close(fn(*inputs), expected)
             if not ok:
                 print(f"## {key} {name}: differs from eager (max error {err:.3g}); not profiled", flush=True)
+                continue
+            if args.ncu:
+                mark_for_ncu(fn, inputs, f"{key} {name}")
+                print(f"## {key} {name}: marked for ncu", flush=True)
                 continue
             rows = profile(fn, inputs, args.calls)
             whole = sum(ms for _, _, ms in rows) or float("nan")
