@@ -335,3 +335,31 @@ def test_persistent_cluster_rows_match_eager_on_the_cpu_emulation(
     with torch.no_grad():
         got = model(*inputs)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("key", ["level1/l2_norm.py"])
+def test_fused_row_reduction_clusters_loop_over_their_rows_on_the_cpu_emulation(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cooperative schedule's reduction-plus-consumer row kernel (``lower_scan.fused_rows``) on a
+    persistent grid (RG waves of clusters): cut to a 2-SM GPU, 4 blocks take 75 rows each, in order."""
+    monkeypatch.setattr(runtime, "load", emu_load)
+    problem = load_problem(DATA / key, {"batch_size": 300, "dim": 5001})
+    recipe = next(
+        r for r in OfflineGenerator().recipes(problem.summary(), "cuda") if r.name == "graph/fused_coop"
+    )
+    source = recipe.render()
+    wave = "p['RG'] * 132 // _kf_cl"
+    assert wave in source and "k0_rows" in source, "the fused row kernel or its launch changed shape"
+    torch.manual_seed(0)
+    inputs = problem.make_inputs(1)
+    with torch.no_grad():
+        expected = problem.make_reference()(*inputs)
+    namespace: dict[str, Any] = {"PARAMS": {**recipe.defaults, "RG": 2}, "__name__": "kf_candidate"}
+    exec(compile(source.replace(wave, "p['RG'] * 2 // _kf_cl"), recipe.name, "exec"), namespace)
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())
+    with torch.no_grad():
+        got = model(*inputs)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -96,6 +96,8 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
         params["ILP"], defaults["ILP"] = [1, 2, 4], 4
     if "p['RB']" in forward:  # a register-blocked product: 16RB x 16RB tiles
         params["RB"], defaults["RB"] = [2, 4, 8], _register_block(low.mm_sizes)
+    if "p['RG']" in forward:  # a fused row reduction: RG waves of persistent clusters (0: one per row)
+        params["RG"], defaults["RG"] = [0, 2, 8, 32], 8
     if "p['CM']" in forward:  # an implicit-GEMM convolution: 16CM x 16CN tiles
         params["CM"], params["CN"] = [1, 2, 4, 8], [2, 4, 8, 16]
         defaults["CM"], defaults["CN"] = _conv_blocks(low.conv_sizes)

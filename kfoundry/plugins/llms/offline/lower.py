@@ -816,19 +816,38 @@ class Lowering:
         return self.finish(text, final_ctype, py_shape, out, tag, work)
 
     def _quads(self, dims: list[str], coords: list[str], inner: str, store: str, total: str) -> str:
-        """A loop-free pointwise body over four consecutive elements per work item, whatever the shape: the
-        coordinates of the first are decomposed once (two divisions per four elements, not per element), the
-        next three stepped from it (the last coordinate incremented, a carry where it reaches its size); the
-        four loads in flight together, one 16-byte store (the output is contiguous, ``g4`` a multiple of 4)."""
-        run = [f"kf_r{k}" for k in range(len(coords))]
-        quad = decompose("g4", dims, run, "total").replace("const kf_long", "kf_long")
-        bind = "const kf_long " + ", ".join(f"{c} = {r}" for c, r in zip(coords, run, strict=True)) + ";"
+        """A loop-free pointwise body over four consecutive elements per work item, whatever the shape. The
+        coordinates of a thread's first quad and the mixed-radix digits of the grid stride are decomposed
+        once, before the grid-stride loop; each step adds the stride's digits with carries (a compare and a
+        subtraction per dimension, no division: a 32-bit division by a size known only at run time costs
+        about twenty instructions, and four of them per quad kept the pointwise kernels issue-bound). Inside
+        a quad the next three coordinates step from the first (the last coordinate incremented, a carry where
+        it reaches its size); the four loads in flight together, one 16-byte store (the output is contiguous,
+        ``g4`` a multiple of 4)."""
+        n = len(coords)
+        run = [f"kf_qb{k}" for k in range(n)]
+        cur = [f"kf_qc{k}" for k in range(n)]
+        digits = [f"kf_qs{k}" for k in range(n)]
+        first = decompose("g4", dims, run, "total").replace("const kf_long", "kf_long")
+        stride = decompose("kf_qg", dims, digits, "total")
+        bind = "const kf_long " + ", ".join(f"{c} = {t}" for c, t in zip(coords, cur, strict=True)) + ";"
         step = ""
-        for k in range(len(run)):  # the carry chain, built from the outermost coordinate in
-            step = f"++{run[k]};" if k == 0 else f"if (++{run[k]} == {dims[k]}) {{ {run[k]} = 0; {step} }}"
+        for k in range(n):  # the carry chain of one element, built from the outermost coordinate in
+            step = f"++{cur[k]};" if k == 0 else f"if (++{cur[k]} == {dims[k]}) {{ {cur[k]} = 0; {step} }}"
+        advance = []  # the stride's digits added from the innermost coordinate out; each digit < its size
+        for k in range(n - 1, 0, -1):
+            carry = " + kf_qk" if k < n - 1 else ""
+            advance.append(
+                f"{run[k]} += {digits[k]}{carry}; kf_qk = {run[k]} >= {dims[k]}; if (kf_qk) {run[k]} -= {dims[k]};"
+            )
+        advance.append(f"{run[0]} += {digits[0]}{' + kf_qk' if n > 1 else ''};")
+        copy = "kf_long " + ", ".join(f"{t} = {r}" for t, r in zip(cur, run, strict=True)) + ";"
         return (
             f"    const kf_long total = {total};\n"
-            f"    for (kf_long g4 = KF_GID * 4; g4 < total; g4 += KF_GSTRIDE * 4) {{\n{quad}"
+            "    const kf_long kf_qg = KF_GSTRIDE * 4;\n"
+            f"    kf_long g4 = KF_GID * 4;\n{first}{stride}"
+            "    for (; g4 < total; g4 += kf_qg) {\n"
+            f"        {copy}\n"
             "        float kf_qv[4];\n        #pragma unroll\n        for (int kq = 0; kq < 4; ++kq) {\n"
             "            const kf_long g = g4 + kq;\n            kf_qv[kq] = 0.0f;\n"
             f"            if (g < total) {{\n            {bind}\n"
@@ -837,6 +856,7 @@ class Lowering:
             "        if (g4 + 3 < total) KF_STORE4(y, g4, kf_qv[0], kf_qv[1], kf_qv[2], kf_qv[3]);\n"
             "        else { y[g4] = kf_qv[0]; if (g4 + 1 < total) y[g4 + 1] = kf_qv[1]; "
             "if (g4 + 2 < total) y[g4 + 2] = kf_qv[2]; }\n"
+            f"        {{ int kf_qk = 0; (void)kf_qk; {' '.join(advance)} }}\n"
             "    }"
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -491,30 +491,40 @@ def chunked_sum(
     """``float acc`` = the sum of ``term(q)`` for q < count, one partial sum per CHUNK terms; with
     ``lanes`` the 32 lanes of a warp stride the terms (CHUNK terms per lane per partial) and every
     lane ends with the warp's total."""
-    q0, q, part = L.fresh("q"), L.fresh("q"), L.fresh("part")
-    if lanes:
-        span = 32 * CHUNK
-        return (
-            f"float {acc} = 0.0f;\n"
-            f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {span}) {{\n"
-            f"            float {part} = 0.0f;\n"
-            f"            const kf_long {q}_end = {q0} + {span} < (kf_long)({count}) ? {q0} + {span} : "
-            f"(kf_long)({count});\n"
-            f"            {UNROLL4} for (kf_long {q} = {q0} + kf_lane; {q} < {q}_end; {q} += 32) {{ {pre.replace('{q}', q)}"
-            f"{part} += {term(q)}; }}\n"
-            f"            {acc} += {part};\n        }}\n"
-            f"        {acc} = kf_wsum({acc});"
-        )
-    return (
-        f"float {acc} = 0.0f;\n"
-        f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {CHUNK}) {{\n"
-        f"            float {part} = 0.0f;\n"
-        f"            const kf_long {q}_end = {q0} + {CHUNK} < (kf_long)({count}) ? {q0} + {CHUNK} : "
+    return chunked_sums(L, [(acc, term)], count, pre, lanes)
+
+
+def chunked_sums(
+    L: Lowering,
+    sums: Sequence[tuple[str, Callable[[str], str]]],
+    count: str,
+    pre: str = "",
+    lanes: bool = False,
+) -> str:
+    """:func:`chunked_sum` of several ``(acc, term)`` over the same ``q < count`` in ONE loop: sibling
+    reductions of the same rows read each shared operand once (two loops re-read it, from DRAM where the
+    rows in flight overflow L2), each sum in its own chunked partials (the same order as one loop alone)."""
+    q0, q = L.fresh("q"), L.fresh("q")
+    parts = [(acc, L.fresh("part"), term) for acc, term in sums]
+    span = 32 * CHUNK if lanes else CHUNK
+    start, step = (f"{q0} + kf_lane", "32") if lanes else (q0, "1")
+    decl = " ".join(f"float {acc} = 0.0f;" for acc, _, _ in parts)
+    zero = " ".join(f"float {part} = 0.0f;" for _, part, _ in parts)
+    add = " ".join(f"{part} += {term(q)};" for _, part, term in parts)
+    fold = " ".join(f"{acc} += {part};" for acc, part, _ in parts)
+    text = (
+        f"{decl}\n"
+        f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {span}) {{\n"
+        f"            {zero}\n"
+        f"            const kf_long {q}_end = {q0} + {span} < (kf_long)({count}) ? {q0} + {span} : "
         f"(kf_long)({count});\n"
-        f"            {UNROLL4} for (kf_long {q} = {q0}; {q} < {q}_end; ++{q}) {{ {pre.replace('{q}', q)}"
-        f"{part} += {term(q)}; }}\n"
-        f"            {acc} += {part};\n        }}"
+        f"            {UNROLL4} for (kf_long {q} = {start}; {q} < {q}_end; {q} += {step}) {{ {pre.replace('{q}', q)}"
+        f"{add} }}\n"
+        f"            {fold}\n        }}"
     )
+    if lanes:
+        text += "\n        " + " ".join(f"{acc} = kf_wsum({acc});" for acc, _, _ in parts)
+    return text
 
 
 def extreme_loop(
@@ -1779,8 +1789,9 @@ def _triplet(
         dp = lambda q: f"(({a.load([c[0], q])}) - ({pos.load([c[0], q])}) + {e})"  # noqa: E731
         dn = lambda q: f"(({a.load([c[0], q])}) - ({neg.load([c[0], q])}) + {e})"  # noqa: E731
         ln = L.lanes(a.shape[1])
-        s = chunked_sum(L, "sp", D, lambda q: f"{dp(q)} * {dp(q)}", lanes=ln) + "\n        "
-        s += chunked_sum(L, "sn", D, lambda q: f"{dn(q)} * {dn(q)}", lanes=ln) + "\n        "
+        # both distances in one pass over the anchor (two passes read it twice from DRAM)
+        terms = [("sp", lambda q: f"{dp(q)} * {dp(q)}"), ("sn", lambda q: f"{dn(q)} * {dn(q)}")]
+        s = chunked_sums(L, terms, D, lanes=ln) + "\n        "
         v = f"{f('sqrt')}(sp) - {f('sqrt')}(sn) + {lit(margin)}"
         return s + f"float acc = ({v}) < 0.0f ? 0.0f : ({v});"
 

@@ -229,7 +229,10 @@ def fused_rows(
     count_py = " * ".join(f"{S}[{k}]" for k in dims)
     if cuda:
         L.fwd(f"_kf_cl = max(1, min(8, _cdiv({count_py}, {ROWS_SLICE})))")
-        launch = f"grid=(_kf_cl, max(1, min({rows_py}, 65535)), 1), block=({ROWS_THREADS}, 1, 1)"
+        # RG waves of clusters over 132 SMs (the H200's; another count only changes the waves), each cluster
+        # looping over its rows (RG 0: a cluster per row)
+        L.fwd(f"_kf_rg = {rows_py} if p['RG'] == 0 else max(1, p['RG'] * 132 // _kf_cl)")
+        launch = f"grid=(_kf_cl, max(1, min({rows_py}, _kf_rg, 65535)), 1), block=({ROWS_THREADS}, 1, 1)"
     else:
         launch = f"grid=(max(1, min({rows_py}, 65535)), 1, 1), block=(p['BLOCK'], 1, 1)"
     name = L.kernel(text, ctype, "", "rows", launch_dims=launch)

@@ -1,0 +1,78 @@
+"""The fused pointwise kernels step their coordinates by the grid stride's mixed-radix digits
+(``Lowering._quads``: no division inside the grid-stride loop). Checked on PoCL with the grid cut to two
+work-groups, so that every thread takes many steps and the carries cross every dimension, on shapes whose
+sizes are not multiples of 4 or of each other, against eager PyTorch."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kfoundry.core.problem import Problem, load_problem
+from kfoundry.plugins.llms.offline import cookbook_graph
+from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+from kfoundry.runtime import load, synchronize
+
+pytestmark = pytest.mark.usefixtures("pocl_runtime")
+
+#: the pointwise launch's grid cap in the rendered recipe, and the cap the test puts in its place
+GRID_CAP = "min(_cdiv(int(n), b), 8192)"
+TEST_CAP = "min(_cdiv(int(n), b), 2)"
+
+
+def _problem(tmp: Path, forward: str, shapes: list[tuple[int, ...]]) -> Problem:
+    args = ", ".join(f"x{i}" for i in range(len(shapes)))
+    inputs = ", ".join(f"torch.randn{s}" for s in shapes)
+    src = f"""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, {args}):
+                return {forward}
+
+        def get_inputs():
+            return [{inputs}]
+
+        def get_init_inputs():
+            return []
+        """
+    path = tmp / "problem.py"
+    path.write_text(textwrap.dedent(src))
+    return load_problem(path, {})
+
+
+#: (forward, input shapes): pointwise chains over 1-4 dims, broadcasts, a permuted view, a global norm
+CASES = [
+    ("torch.relu(x0) * x1 + x0.sum()", [(1001,), (1001,)]),
+    ("x0 * x1 + torch.tanh(x0)", [(3, 5, 7, 9), (5, 1, 9)]),
+    ("torch.sigmoid(x0.permute(0, 2, 1)) - x1", [(6, 11, 13), (6, 13, 11)]),
+    ("F.leaky_relu(x0 + x1, 0.1)", [(7, 3, 1, 17), (1, 3, 5, 1)]),
+    ("x0 / torch.norm(x0, p='fro')", [(3, 7, 5, 11)]),
+]
+
+
+@pytest.mark.parametrize(("forward", "shapes"), CASES)
+def test_grid_stride_steps_keep_every_coordinate(tmp_path: Path, forward: str, shapes: list[Any]) -> None:
+    problem = _problem(tmp_path, forward, shapes)
+    recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
+    source = recipe.render()
+    assert GRID_CAP in source and "kf_qs0" in source, "the pointwise kernel or its launch changed shape"
+    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(source.replace(GRID_CAP, TEST_CAP), recipe.name, "exec"), namespace)  # noqa: S102
+    torch.manual_seed(0)
+    inputs = problem.make_inputs(1)
+    with torch.no_grad():
+        expected = problem.make_reference()(*inputs)
+        got = namespace["ModelNew"](*problem.make_init_inputs())(*inputs)
+        synchronize()
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
