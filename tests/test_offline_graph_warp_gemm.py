@@ -165,3 +165,48 @@ def test_vector_runs_only_for_a_float_buffer_indexed_last_by_the_run() -> None:
     assert (
         lower_mm_warp.vector_run("expf(buf0[((i) * z2 + (ka))])", "ka", "ka0", floats) is None
     )  # a prologue
+
+
+def test_the_16_byte_kernel_runs_only_where_every_run_is_aligned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two kernels per warp-tiled product (the 16-byte one and the scalar one, so that neither carries
+    the other's registers): ``forward`` takes the 16-byte kernel for aligned operands whose rows are
+    multiples of 4 floats, the scalar one for a view one float into its storage; both match eager."""
+    import torch
+
+    from kfoundry.runtime import load, synchronize
+
+    recipe, problem = _coop(
+        "level2/gemm_add_relu.py",
+        {"batch_size": 130, "in_features": 36, "out_features": 264},
+        "opencl",
+        monkeypatch,
+    )
+    assert "k0_lintile_s(" in recipe.kernel and "else self.prog.k0_lintile_s)(" in recipe.forward
+    namespace: dict[str, object] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
+    torch.manual_seed(0)
+    reference = problem.make_reference()
+    torch.manual_seed(0)
+    model = namespace["ModelNew"](*problem.make_init_inputs())  # type: ignore[operator]
+    called: list[str] = []
+
+    class _Spy:
+        def __init__(self, prog: object) -> None:
+            self.prog = prog
+
+        def __getattr__(self, name: str) -> object:
+            called.append(name)
+            return getattr(self.prog, name)
+
+    model.prog = _Spy(model.prog)
+    (x,) = problem.make_inputs(1)
+    shifted = torch.empty(x.numel() + 1)[1:].view(x.shape)  # 4 bytes into its storage
+    shifted.copy_(x)
+    for inp, kernel in ((x, "k0_lintile"), (shifted, "k0_lintile_s")):
+        called.clear()
+        with torch.no_grad():
+            got = model(inp)
+            synchronize()
+            expected = reference(inp)
+        assert kernel in called and len([c for c in called if c.startswith("k0_lintile")]) == 1, called
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
