@@ -210,3 +210,31 @@ def test_the_16_byte_kernel_runs_only_where_every_run_is_aligned(monkeypatch: py
             expected = reference(inp)
         assert kernel in called and len([c for c in called if c.startswith("k0_lintile")]) == 1, called
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("head", [32, 21])
+def test_causal_attention_skips_the_tiles_above_the_diagonal(
+    head: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Causal SDPA warp-tiled: score tiles wholly above the diagonal return before their first load, and
+    P @ V stops at each tile's last row (``TILE_END``); the 16-byte kernels (head 32) and the scalar ones
+    (head 21) match eager on PoCL. (The evaluator's non-finite variant is left out: torch's CPU math path
+    multiplies the masked probabilities' zeros by a NaN value, its CUDA kernels skip them, as this lowering
+    does.)"""
+    import torch
+
+    from kfoundry.runtime import load, synchronize
+
+    shapes = {"batch_size": 1, "num_heads": 2, "seq_len": 300, "head_dim": head}
+    recipe, problem = _coop("level1/sdpa_causal.py", shapes, "opencl", monkeypatch)
+    assert "return;" in recipe.kernel and "KF_TILE_END" not in recipe.kernel
+    assert ("k2_sdpa_pv_s(" in recipe.kernel) and "(i0 + 128)" in recipe.kernel
+    namespace: dict[str, object] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
+    torch.manual_seed(0)
+    inputs = problem.make_inputs(1)
+    with torch.no_grad():
+        expected = problem.make_reference()(*inputs)
+        got = namespace["ModelNew"](*problem.make_init_inputs())(*inputs)  # type: ignore[operator]
+        synchronize()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

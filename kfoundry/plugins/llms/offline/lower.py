@@ -28,6 +28,10 @@ from kfoundry.plugins.llms.offline.elementwise_ops import lit, node_expr, prelud
 
 Loader = Callable[[list[str]], str]
 
+#: In a matrix product's K bound: one past the last output row of the block's tile (each schedule
+#: substitutes its own tile rows)
+TILE_END = "KF_TILE_END"
+
 KERNEL_HEADER = {
     "opencl": """#define KF_KERNEL __kernel void
 #define KF_G __global
@@ -608,17 +612,26 @@ class Lowering:
         tag: str,
         node: fx.Node | None,
         bias: Callable[[str], str] | None = None,
+        skip_above: bool = False,
     ) -> Val:
         """A matrix product in TILE x TILE work-groups staging A and B tiles in local memory: ``a(batch, i, k)``,
         ``b(batch, k, j)`` load (any layout, prologues fused), ``coords(batch, i, j)`` places the output;
-        ``sizes`` are the C expressions of M, N, K and ``grid_py`` the Python ones of N, M and the batch."""
+        ``sizes`` are the C expressions of M, N, K and ``grid_py`` the Python ones of N, M and the batch. K may
+        hold :data:`TILE_END`, one past the last row of the block's output tile (a causal product's bound).
+        ``skip_above``: tiles wholly above the diagonal (every j > i) may be left unwritten (the warp tiles
+        skip them; nothing reads them)."""
         if self.coop:
             from kfoundry.plugins.llms.offline import lower_mm_warp
 
             args = (out, py_shape, batch_dims, sizes, grid_py, a, b, coords, tag, node, bias)
-            warp = lower_mm_warp.emit(self, *args)
-            return warp if warp is not None else self.emit_blocked_mm(*args)
+            warp = lower_mm_warp.emit(self, *args, skip_above=skip_above)
+            if warp is not None:
+                return warp
+            M, N, K = sizes
+            blocked = (M, N, K.replace(TILE_END, "((KF_GRP(1) + 1) * (16 * RB))"))
+            return self.emit_blocked_mm(out, py_shape, batch_dims, blocked, *args[4:])
         M, N, K = sizes
+        K = K.replace(TILE_END, "((KF_GRP(1) + 1) * TILE)")
         bc = [f"bc{k}" for k in range(len(batch_dims))]
         decl = "".join(
             f"    const kf_long {c} = {e};\n" for c, e in zip(bc, unflat("bz", batch_dims), strict=True)

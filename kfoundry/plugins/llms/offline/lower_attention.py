@@ -14,13 +14,14 @@ applies the node's epilogue chain. The one-pass lowering (a work item per query 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
 from kfoundry.plugins.llms.offline.elementwise_ops import fn
-from kfoundry.plugins.llms.offline.lower import Val, _shape
+from kfoundry.plugins.llms.offline.lower import TILE_END, Val, _shape
 from kfoundry.plugins.llms.offline.lower_ops import _bc_coords, chunked_sum, extreme_loop, row_loop
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
         lambda bc, i, j: [*bc, i, j],
         "lintile",  # B[j, k] layout: the register-blocked schedule loads K along its rows
         None,
+        skip_above=causal,  # the softmax reads no score past the diagonal
     )
 
     f = lambda name: fn(name, L.lang)  # noqa: E731
@@ -79,9 +81,7 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
     S = f"S{n}"
     kv = Skv
     if causal:  # a tile of query rows stops at its last row's diagonal (the probabilities past it are 0)
-        rows = "(16 * RB)" if L.coop else "TILE"
-        last = f"(KF_GRP(1) + 1) * {rows}"
-        kv = f"({last} < {Skv} ? {last} : (kf_long){Skv})"
+        kv = causal_bound(Skv)
     pv = L.emit_tiled_mm(
         out,
         S,
@@ -110,3 +110,12 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
         )
 
     return L.emit_pointwise(out, S, exact, "sdpa_exact", node=node)
+
+
+def causal_bound(keys: str) -> str:
+    """The K bound of a causal P @ V tile: its last query row's diagonal, at most ``keys``."""
+    return f"({TILE_END} < {keys} ? {TILE_END} : (kf_long){keys})"
+
+
+#: :func:`causal_bound`'s form, its ``keys`` the group
+CAUSAL_BOUND = re.compile(rf"\({TILE_END} < (.+) \? {TILE_END} : \(kf_long\)\1\)")

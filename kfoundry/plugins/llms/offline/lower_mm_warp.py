@@ -399,14 +399,25 @@ def emit(
     tag: str,
     node: fx.Node | None,
     bias: Callable[[str], str] | None = None,
+    skip_above: bool = False,
 ) -> Val | None:
     """:meth:`.Lowering.emit_tiled_mm` warp-tiled, or None where no tile of :data:`TILES` fits the traced
-    product (too few tiles) or its K bound depends on the block (a causal product's tile rows)."""
-    from kfoundry.plugins.llms.offline.lower import horner, unflat
+    product (too few tiles) or its K bound depends on the block otherwise than through ``TILE_END`` (the
+    tile's last row, here ``i0 + BM`` after the swizzle). ``skip_above``: a tile wholly above the diagonal
+    returns before its first load."""
+    from kfoundry.plugins.llms.offline.lower import TILE_END, horner, unflat
+    from kfoundry.plugins.llms.offline.lower_attention import CAUSAL_BOUND
 
     t = pick(out, len(batch_dims))
     if t is None or "KF_GRP" in sizes[2]:
         return None
+    check_sizes = sizes
+    if TILE_END in sizes[2]:  # a causal bound: its run multiple of 4 where the keys are (BM is)
+        whole = CAUSAL_BOUND.fullmatch(sizes[2])
+        if whole is None:
+            return None
+        check_sizes = (sizes[0], sizes[1], whole.group(1))
+        sizes = (sizes[0], sizes[1], sizes[2].replace(TILE_END, f"(i0 + {t.BM})"))
     bc = [f"bc{k}" for k in range(len(batch_dims))]
     decl = "".join(
         f"    const kf_long {c} = {e};\n" for c, e in zip(bc, unflat("bz", batch_dims), strict=True)
@@ -420,7 +431,9 @@ def emit(
     smem = f"kf_wsm{L.nk}"
     ea, eb = a(bc, "i", "ka"), b(bc, "kb", "j")
     floats = {p for p, (_, ctype_) in L.ptrs.items() if ctype_ == "float"}
-    vec = vector_condition(L, ea, eb, kfast, sizes, floats)
+    vec = vector_condition(L, ea, eb, kfast, check_sizes, floats)
+    if skip_above:  # every (i, j) of the tile has j > i: no one reads it
+        decl += f"    if (j0 > i0 + {t.BM - 1}) return;\n"
     text = body(t, L.lang, smem, decl, sizes, ea, eb, kfast, store, floats, vec is not None)
     L.fwd(f"b{L.nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     gx, gy, gz = grid_py
