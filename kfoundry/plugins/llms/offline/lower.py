@@ -579,7 +579,8 @@ class Lowering:
         if self.fuse and final_ctype == "float" and coords and not looped:
             # a work item per four consecutive elements
             quads = f"_cdiv({work}, 4)"
-            text = self._quads(dims, coords, inner, store, total)
+            vec = self._quad_loads(coords, body, py_shape)
+            text = self._quads(dims, coords, inner, store, total, vec)
             return self.finish(text, final_ctype, py_shape, out, tag, quads)
         if self.coop and not looped:  # ILP elements per thread, a grid-stride apart (loads in flight)
             text = (
@@ -828,7 +829,59 @@ class Lowering:
         )
         return self.finish(text, final_ctype, py_shape, out, tag, work)
 
-    def _quads(self, dims: list[str], coords: list[str], inner: str, store: str, total: str) -> str:
+    def _quad_loads(
+        self, coords: list[str], body: Callable[[list[str]], str], py_shape: str
+    ) -> tuple[list[str], str, str] | None:
+        """The 16-byte variant of a quad's body: every float buffer load whose last coordinate is the output's
+        last one and whose others are output coordinates or 0 reads the quad's four elements side by side
+        (the quad does not cross a row where the last dim is a multiple of 4), so it becomes one float4 load
+        per (buffer, row) before the element loop; each such load is in bounds for all four elements (its
+        buffer's dims cover the output coordinates' ranges, checked in forward), so it may run although the
+        body reads it under a guard. Returns (pointer declarations, the run-time condition, the body), or
+        None where no load qualifies."""
+        last, plain = coords[-1], set(coords)
+        found: dict[tuple[str, tuple[str, ...]], int] = {}
+        ptrs: list[str] = []
+        checks: list[str] = []
+        py_of = {v: k for k, v in self.syms.items()}
+
+        def hook(p: str, c: list[str], bdims: list[str], ctype: str) -> str | None:
+            if ctype != "float" or not c or c[-1] != last:
+                return None
+            if any(x != "0" and (x not in plain or x == last) for x in c[:-1]):
+                return None
+            key = (p, tuple(c[:-1]))
+            if key not in found:
+                k = found[key] = len(found)
+                base = [f"kf_qb{x[1:]}" if x in plain else x for x in c]
+                ptrs.append(f"KF_G const float* kf_qp{k} = {p} + {horner(base, bdims)};")
+                checks.extend(
+                    f"int({py_of.get(d, d)}) >= int({py_shape}[{coords.index(x)}])"
+                    for x, d in zip(c, bdims, strict=True)
+                    if x != "0"
+                )
+            return f"kf_ql{found[key]}[kq]"
+
+        saved, self.leaf_hook = self.leaf_hook, hook
+        try:
+            inner = body(coords)
+        finally:
+            self.leaf_hook = saved
+        if not found:
+            return None
+        flag = f"Q{self.nk}"
+        self.fwd(f"{flag} = int({' and '.join(dict.fromkeys(checks)) or 'True'})")
+        return ptrs, self.sym(flag), inner
+
+    def _quads(
+        self,
+        dims: list[str],
+        coords: list[str],
+        inner: str,
+        store: str,
+        total: str,
+        vec: tuple[list[str], str, str] | None = None,
+    ) -> str:
         """A loop-free pointwise body over four consecutive elements per work item, whatever the shape. The
         coordinates of a thread's first quad and the mixed-radix digits of the grid stride are decomposed
         once, before the grid-stride loop; each step adds the stride's digits with carries (a compare and a
@@ -855,17 +908,43 @@ class Lowering:
             )
         advance.append(f"{run[0]} += {digits[0]}{' + kf_qk' if n > 1 else ''};")
         copy = "kf_long " + ", ".join(f"{t} = {r}" for t, r in zip(cur, run, strict=True)) + ";"
+
+        def elements(body_text: str) -> str:
+            return (
+                "        #pragma unroll\n        for (int kq = 0; kq < 4; ++kq) {\n"
+                "            const kf_long g = g4 + kq;\n            kf_qv[kq] = 0.0f;\n"
+                f"            if (g < total) {{\n            {bind}\n"
+                f"            {body_text}\n            kf_qv[kq] = {store};\n            }}\n"
+                f"            {step}\n        }}\n"
+            )
+
+        loop = elements(inner)
+        head = ""
+        if vec is not None:
+            ptrs, flag, vec_inner = vec
+            n4 = len(ptrs)
+            size_t = "size_t" if self.lang == "cuda" else "ulong"
+            ld4 = "*reinterpret_cast<KF_G const float4*>({p})" if self.lang == "cuda" else "vload4(0, {p})"
+            aligned = " | ".join(f"({size_t})kf_qp{k}" for k in range(n4))
+            loads = " ".join(
+                f"float kf_ql{k}[4]; {{ const float4 kf_v = {ld4.format(p=f'kf_qp{k}')}; kf_ql{k}[0] = kf_v.x; "
+                f"kf_ql{k}[1] = kf_v.y; kf_ql{k}[2] = kf_v.z; kf_ql{k}[3] = kf_v.w; }}"
+                for k in range(n4)
+            )
+            head = f"    const int kf_q4 = {flag} && ({dims[-1]}) % 4 == 0;\n"
+            loop = (
+                f"        {' '.join(ptrs)}\n"
+                f"        if (kf_q4 && g4 + 3 < total && (({aligned}) & 15) == 0) {{\n        {loads}\n"
+                f"{elements(vec_inner)}        }} else {{\n{loop}        }}\n"
+            )
         return (
-            f"    const kf_long total = {total};\n"
+            f"    const kf_long total = {total};\n{head}"
             "    const kf_long kf_qg = KF_GSTRIDE * 4;\n"
             f"    kf_long g4 = KF_GID * 4;\n{first}{stride}"
             "    for (; g4 < total; g4 += kf_qg) {\n"
             f"        {copy}\n"
-            "        float kf_qv[4];\n        #pragma unroll\n        for (int kq = 0; kq < 4; ++kq) {\n"
-            "            const kf_long g = g4 + kq;\n            kf_qv[kq] = 0.0f;\n"
-            f"            if (g < total) {{\n            {bind}\n"
-            f"            {inner}\n            kf_qv[kq] = {store};\n            }}\n"
-            f"            {step}\n        }}\n"
+            "        float kf_qv[4];\n"
+            f"{loop}"
             "        if (g4 + 3 < total) KF_STORE4(y, g4, kf_qv[0], kf_qv[1], kf_qv[2], kf_qv[3]);\n"
             "        else { y[g4] = kf_qv[0]; if (g4 + 1 < total) y[g4 + 1] = kf_qv[1]; "
             "if (g4 + 2 < total) y[g4 + 2] = kf_qv[2]; }\n"
