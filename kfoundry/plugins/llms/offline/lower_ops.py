@@ -501,30 +501,12 @@ def chunked_sums(
     pre: str = "",
     lanes: bool = False,
 ) -> str:
-    """:func:`chunked_sum` of several ``(acc, term)`` over the same ``q < count`` in ONE loop: sibling
-    reductions of the same rows read each shared operand once (two loops re-read it, from DRAM where the
-    rows in flight overflow L2), each sum in its own chunked partials (the same order as one loop alone)."""
-    q0, q = L.fresh("q"), L.fresh("q")
-    parts = [(acc, L.fresh("part"), term) for acc, term in sums]
-    span = 32 * CHUNK if lanes else CHUNK
-    start, step = (f"{q0} + kf_lane", "32") if lanes else (q0, "1")
-    decl = " ".join(f"float {acc} = 0.0f;" for acc, _, _ in parts)
-    zero = " ".join(f"float {part} = 0.0f;" for _, part, _ in parts)
-    add = " ".join(f"{part} += {term(q)};" for _, part, term in parts)
-    fold = " ".join(f"{acc} += {part};" for acc, part, _ in parts)
-    text = (
-        f"{decl}\n"
-        f"        for (kf_long {q0} = 0; {q0} < (kf_long)({count}); {q0} += {span}) {{\n"
-        f"            {zero}\n"
-        f"            const kf_long {q}_end = {q0} + {span} < (kf_long)({count}) ? {q0} + {span} : "
-        f"(kf_long)({count});\n"
-        f"            {UNROLL4} for (kf_long {q} = {start}; {q} < {q}_end; {q} += {step}) {{ {pre.replace('{q}', q)}"
-        f"{add} }}\n"
-        f"            {fold}\n        }}"
-    )
-    if lanes:
-        text += "\n        " + " ".join(f"{acc} = kf_wsum({acc});" for acc, _, _ in parts)
-    return text
+    """:func:`chunked_sum` of several ``(acc, term)`` over the same ``q < count`` in ONE loop
+    (:func:`.lower_split.fused_sums`): sibling reductions of the same rows read each shared operand once
+    (two loops re-read it, from DRAM where the rows in flight overflow L2)."""
+    q = L.fresh("q")
+    terms = [(acc, term(q)) for acc, term in sums]
+    return lower_split.fused_sums(q, count, pre.replace("{q}", q), terms, lanes, CHUNK, UNROLL4)
 
 
 def extreme_loop(
