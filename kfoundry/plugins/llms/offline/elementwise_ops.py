@@ -67,40 +67,133 @@ _KEEP = """{q} int kf_keep(kf_long i, int seed, float p) {{
 """
 
 
-#: Math helpers in one exponential, as ``KF_HELPER(Q, T)`` bodies over the language's ``KF_EXP``, ``KF_ABS``
-#: and ``KF_FDIV`` (a quotient within 2 ulps: CUDA's ``__fdividef`` where the divisor stays below 2^126).
-#: ``kf_expm1``: below |u| = 1 its Taylor series to u^10 (truncation under 3e-8 relative), else exp(u) - 1
-#: (no cancellation there: |exp(u) - 1| >= 0.63); a third of CUDA's expm1f. ``kf_mish``: tanh(log1p(e)) =
-#: n / (n + 2), n = e (e + 2), e = exp(a) (past a = 20 the ratio is 1 in fp32; a = -inf gives -inf * 0 =
-#: NaN, as torch). Both within a few ulps, NaN and +-inf kept.
+#: Math helpers, as ``KF_HELPER(Q, T)`` bodies over the language's macros (:data:`_LANG_MACROS`): ``KF_EXP``,
+#: ``KF_ABS``, ``KF_FMA``, ``KF_COPYSIGN``, ``KF_FDIV`` (a quotient within 2 ulps: CUDA's ``__fdividef`` where
+#: the divisor stays below 2^126), ``KF_EX2`` / ``KF_RCP`` (CUDA: ``ex2.approx.ftz`` / ``rcp.approx.ftz``,
+#: one MUFU instruction each, within 2 ulps / 1 ulp; OpenCL: ``exp2`` and a division) and ``KF_SPLIT(T, x, j,
+#: s)`` (j = rint(x / ln 2) and s = 2^(j - 1): CUDA in three instructions, a magic-number rounding whose low
+#: mantissa bits shifted into the exponent are s; OpenCL ``rint`` and ``ldexp``). Constants are cast to T,
+#: since OpenCL's vector ``fma`` takes no scalar.
+#:
+#: ``kf_expm1``: one path, no select: u clamped to [-30, 88.75] (NaN kept: expm1 is -1 below -17.4 and
+#: overflows above 88.73), u = j ln2 + r with |r| <= ln2 / 2 (Cody-Waite, ln2 in two parts), expm1(r) = r +
+#: r^2 (1/2 + r Q(r)) with Q a degree-3 minimax fit (relative error 1.4e-8), and expm1(u) = 2 (s p + (s -
+#: 1/2)) with s = 2^(j - 1), so that j = 128 does not overflow before the last product (-0 gives +0).
+#: About 17 instructions (a Taylor series beside expf and a select take 22); within 1.6 ulps.
+#: ``kf_tanh``: below |u| = 0.55 an odd minimax polynomial a + a^3 P(a^2), a = |u| (degree 3 in a^2,
+#: relative error 3.7e-8); above, 1 - 2 / (2^(2a log2 e) + 1) (no cancellation past tanh = 1/2; the
+#: exponential's error is damped by 2e / (e + 1)^2 <= 0.38); either with the sign of u (-0 kept). About
+#: 14 instructions, branch-free, within 2 ulps on CUDA (the structure of CUDA 11+'s tanhf). ``kf_rcp``:
+#: the reciprocal of a normal divisor (sigmoid's 1 + exp(-x), scaled) in one MUFU.RCP on CUDA.
+#: ``kf_mish``: tanh(log1p(e)) = n / (n + 2), n = e (e + 2), e = exp(a) (past a = 20 the ratio is 1 in
+#: fp32; a = -inf gives -inf * 0 = NaN, as torch). All keep NaN and +-inf.
 MATH_HELPERS = {
     "kf_expm1": """Q T kf_expm1(T u) { \\
-    T p = u * (1.0f + u * (0.5f + u * (0.166666672f + u * (0.0416666679f + u * (0.00833333377f + u * (0.00138888892f \\
-        + u * (0.000198412701f + u * (2.48015876e-05f + u * (2.75573188e-06f + u * 2.75573188e-07f))))))))); \\
-    return KF_ABS(u) < 1.0f ? p : KF_EXP(u) - 1.0f; \\
+    T x = u < -30.0f ? (T)(-30.0f) : u; \\
+    x = x > 88.75f ? (T)(88.75f) : x; \\
+    KF_SPLIT(T, x, j, s) \\
+    T r = KF_FMA(j, (T)(-0.693145751953125f), x); \\
+    r = KF_FMA(j, (T)(-1.42860677e-06f), r); \\
+    T h = KF_FMA(KF_FMA(KF_FMA((T)(0.00138982409f), r, (T)(0.00836611446f)), r, (T)(0.0416668542f)), r, \\
+                 (T)(0.16666548f)); \\
+    T p = KF_FMA(KF_FMA(h, r, (T)(0.5f)), r * r, r); \\
+    return 2.0f * KF_FMA(s, p, s - 0.5f); \\
 }""",
+    "kf_tanh": """Q T kf_tanh(T u) { \\
+    T a = KF_ABS(u); \\
+    T big = KF_FMA(KF_RCP(KF_EX2(a * 2.88539004f) + 1.0f), (T)(-2.0f), (T)(1.0f)); \\
+    T v = u * u; \\
+    T q = KF_FMA(KF_FMA(KF_FMA((T)(0.0164375659f), v, (T)(-0.052671805f)), v, (T)(0.133207247f)), v, \\
+                 (T)(-0.333329469f)); \\
+    return KF_COPYSIGN(a >= 0.55f ? big : KF_FMA(v * q, a, a), u); \\
+}""",
+    "kf_rcp": """Q T kf_rcp(T d) { return KF_RCP(d); }""",
     "kf_mish": """Q T kf_mish(T a) { \\
     T e = KF_EXP(a); T n = e * (e + 2.0f); \\
     return a > 20.0f ? a : a * KF_FDIV(n, n + 2.0f); \\
 }""",
 }
 
-_HELPER_MACROS = {
-    "cuda": ("expf", "fabsf", "__fdividef", ["static __device__ __forceinline__, float"]),
-    "opencl": ("exp", "fabs", "KF_QUOT", ["static inline __attribute__((overloadable)), float"]),
+#: Per language, the macros the helper bodies use. CUDA's KF_SPLIT: 12583038 = 1.5 * 2^23 + 126, so that
+#: fma(x, log2 e, 12583038) rounds x / ln2 to the integer j in its last mantissa bits, whose low 9 bits are
+#: j + 126 (j in [-44, 128]): 2^(j - 1)'s exponent field once shifted by 23.
+_LANG_MACROS: dict[str, dict[str, str]] = {
+    "cuda": {
+        "KF_EXP": "expf",
+        "KF_ABS": "fabsf",
+        "KF_FDIV": "__fdividef",
+        "KF_FMA": "fmaf",
+        "KF_COPYSIGN": "copysignf",
+        "KF_EX2": "kf_ex2_approx",
+        "KF_RCP": "kf_rcp_approx",
+        "KF_SPLIT(T, x, j, s)": "const T kf_m = fmaf(x, 1.44269502f, 12583038.0f); const T j = kf_m - 12583038.0f; "
+        "const T s = __uint_as_float(__float_as_uint(kf_m) << 23);",
+    },
+    "opencl": {
+        "KF_EXP": "exp",
+        "KF_ABS": "fabs",
+        "KF_FDIV": "KF_QUOT",
+        "KF_QUOT(a, b)": "((a) / (b))",
+        "KF_FMA": "fma",
+        "KF_COPYSIGN": "copysign",
+        "KF_EX2": "exp2",
+        "KF_RCP(d)": "(1.0f / (d))",
+        "KF_SPLIT(T, x, j, s)": "const T j = rint((x) * 1.44269502f); const T s = kf_exp2m1i(j);",
+    },
+}
+
+#: What the macros call: CUDA's MUFU instructions (PTX approx, flush-to-zero), OpenCL's 2^(j - 1).
+_SUPPORT = {
+    "cuda": """#ifndef KF_MUFU_DEFINED
+#define KF_MUFU_DEFINED
+static __device__ __forceinline__ float kf_ex2_approx(float x) {
+    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+static __device__ __forceinline__ float kf_rcp_approx(float x) {
+    float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+#endif
+""",
+    "opencl": """#ifndef KF_EXP2M1I_DEFINED
+#define KF_EXP2M1I_DEFINED
+static inline __attribute__((overloadable)) float kf_exp2m1i(float j) { return ldexp(0.5f, (int)j); }
+#ifdef VW
+#if VW == 2
+#define KF_CONVERT_INTV convert_int2
+#elif VW == 4
+#define KF_CONVERT_INTV convert_int4
+#else
+#define KF_CONVERT_INTV convert_int8
+#endif
+static inline __attribute__((overloadable)) floatv kf_exp2m1i(floatv j) {
+    return ldexp((floatv)(0.5f), KF_CONVERT_INTV(j));
+}
+#endif
+#endif
+""",
+}
+
+#: The helpers' (qualifiers, type) instances; OpenCL's vector one where VW is defined.
+_INSTANCES = {
+    "cuda": ["static __device__ __forceinline__, float"],
+    "opencl": ["static inline __attribute__((overloadable)), float"],
 }
 
 
-def _helper_prelude(name: str, lang: str) -> str:
-    """The definition of math helper ``name`` (:data:`MATH_HELPERS`) in ``lang``, guarded against a repeat."""
-    exp, fabs, fdiv, instances = _HELPER_MACROS[lang]
+def helper_source(name: str, lang: str) -> str:
+    """The definition of math helper ``name`` (:data:`MATH_HELPERS`) in ``lang``, guarded against a repeat
+    (its support code first, guarded too)."""
     guard = f"{name.upper()}_DEFINED"
-    out = f"#ifndef {guard}\n#define {guard}\n#define KF_HELPER(Q, T) \\\n{MATH_HELPERS[name]}\n"
-    out += f"#define KF_EXP {exp}\n#define KF_ABS {fabs}\n#define KF_FDIV {fdiv}\n#define KF_QUOT(a, b) ((a) / (b))\n"
-    out += "".join(f"KF_HELPER({q})\n" for q in instances)
+    macros = _LANG_MACROS[lang]
+    out = (
+        _SUPPORT[lang]
+        + f"#ifndef {guard}\n#define {guard}\n#define KF_HELPER(Q, T) \\\n{MATH_HELPERS[name]}\n"
+    )
+    out += "".join(f"#define {k} {v}\n" for k, v in macros.items())
+    out += "".join(f"KF_HELPER({q})\n" for q in _INSTANCES[lang])
     if lang == "opencl":
         out += "#ifdef VW\nKF_HELPER(static inline __attribute__((overloadable)), floatv)\n#endif\n"
-    out += "#undef KF_HELPER\n#undef KF_EXP\n#undef KF_ABS\n#undef KF_FDIV\n#undef KF_QUOT\n#endif\n"
+    out += "#undef KF_HELPER\n" + "".join(f"#undef {k.split('(')[0]}\n" for k in macros) + "#endif\n"
     return out
 
 
@@ -109,7 +202,7 @@ def prelude(expr: str, lang: str) -> str:
     out = OPENCL_MATH_PRELUDE if lang == "opencl" and "kf_erf" in expr else ""
     for name in MATH_HELPERS:
         if f"{name}(" in expr:
-            out += _helper_prelude(name, lang)
+            out += helper_source(name, lang)
     if "kf_keep(" in expr:
         out += _KEEP.format(q="__device__ __forceinline__" if lang == "cuda" else "")
     return out
@@ -384,6 +477,74 @@ def _kwargs(name: str, node: Any, module: Any = None) -> dict[str, Any]:
 _COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!=", "greater": ">", "less": "<"}
 
 
+def _condition(c: Any, operand: Callable[[Any], str]) -> str:
+    """``c`` as a C condition: a comparison node's own comparison (not its 1.0f/0.0f value compared with
+    0), else ``c != 0``."""
+    if hasattr(c, "op") and _name_of(c) in _COMPARE and len(c.args) == 2:
+        return f"(({operand(c.args[0])}) {_COMPARE[_name_of(c)]} ({operand(c.args[1])}))"
+    return f"(({operand(c)}) != 0.0f)"
+
+
+def _is_compare(c: Any, name: str, x: Any, value: float) -> bool:
+    return (
+        hasattr(c, "op")
+        and _name_of(c) == name
+        and len(c.args) == 2
+        and c.args[0] is x
+        and isinstance(c.args[1], int | float)
+        and c.args[1] == value
+    )
+
+
+def _sign_of(node: Any) -> Any:
+    """x where ``node`` is torch.sign's composition ``where(x > 0, 1, where(x < 0, -1, 0))``
+    (:mod:`.normalize_forms`; 0 for NaN and +-0, as torch), else None."""
+    c, one, inner = node.args
+    if not (hasattr(c, "op") and c.args and hasattr(inner, "op") and _name_of(inner) == "where"):
+        return None
+    x, values = c.args[0], (one, *inner.args[1:])
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return None
+    exclusive = _is_compare(c, "gt", x, 0.0) and _is_compare(inner.args[0], "lt", x, 0.0)
+    return x if exclusive and values == (1.0, -1.0, 0.0) else None
+
+
+def _balanced_from(text: str, i: int) -> int:
+    """The index just past the parenthesised group that opens at ``text[i] == "("`` (-1 if unbalanced)."""
+    depth = 0
+    for k in range(i, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[k], 0)
+        if depth == 0:
+            return k + 1
+    return -1
+
+
+def exact_forms(expr: str, lang: str) -> str:
+    """``expr`` with the compositions that have a one-instruction equal written as it: torch.trunc's ``x < 0
+    ? ceil(x) : floor(x)`` (:mod:`.normalize_forms`, exact for every x, -0 and NaN too) as ``truncf(x)`` /
+    ``trunc(x)`` (one FRND.TRUNC where the select takes three). Kernel text only: the Triton form reads
+    the plain expression."""
+    ceil, floor, trunc = ("ceilf", "floorf", "truncf") if lang == "cuda" else ("ceil", "floor", "trunc")
+    out, pos = [], 0
+    while True:
+        k = expr.find(f"? ({ceil}(", pos)
+        if k < 0:
+            break
+        g0 = k + len(f"? ({ceil}")
+        g1 = _balanced_from(expr, g0)
+        group = expr[g0:g1] if g1 > 0 else ""  # "(x)": where(lt(x, 0), ceil(x), floor(x)) as written
+        head = f"((({group[1:-1]}) < (0.0f)) "
+        tail = f"? ({ceil}{group}) : ({floor}{group}))"
+        if group and expr.startswith(tail, k) and expr[pos:k].endswith(head):
+            start = k - len(head)
+            out.append(expr[pos:start] + f"{trunc}{group}")
+            pos = k + len(tail)
+        else:
+            out.append(expr[pos : k + 1])
+            pos = k + 1
+    return "".join(out) + expr[pos:]
+
+
 def _name_of(node: Any) -> str:
     """The bare name of a call_function/call_method target (``gt`` for operator.gt, torch.gt, x.gt)."""
     if node.op == "call_method":
@@ -411,12 +572,14 @@ def node_expr(node: Any, gm: Any, operand: Callable[[Any], str], lang: str) -> s
             )
         return _binary(_BINARY[target], a, b, operand)
     elif _name_of(node) in _COMPARE and len(node.args) == 2:
-        return (
-            f"(({operand(node.args[0])}) {_COMPARE[_name_of(node)]} ({operand(node.args[1])}) ? 1.0f : 0.0f)"
-        )
+        return f"({_condition(node, operand)} ? 1.0f : 0.0f)"
     elif _name_of(node) == "where" and len(node.args) == 3:
-        c, a, b = (operand(x) for x in node.args)
-        return f"(({c}) != 0.0f ? ({a}) : ({b}))"
+        sign = _sign_of(node)
+        if sign is not None:  # where(x > 0, 1, where(x < 0, -1, 0)): two 1.0/0.0 values (FSET), one FADD
+            x = operand(sign)
+            return f"(((({x}) > (0.0f)) ? 1.0f : 0.0f) - ((({x}) < (0.0f)) ? 1.0f : 0.0f))"
+        a, b = operand(node.args[1]), operand(node.args[2])
+        return f"({_condition(node.args[0], operand)} ? ({a}) : ({b}))"
     elif (
         _name_of(node) in ("maximum", "minimum", "max", "min", "fmax", "fmin")
         and len(node.args) == 2
