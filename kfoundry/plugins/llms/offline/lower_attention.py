@@ -14,7 +14,6 @@ applies the node's epilogue chain. The one-pass lowering (a work item per query 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -115,7 +114,3 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
 def causal_bound(keys: str) -> str:
     """The K bound of a causal P @ V tile: its last query row's diagonal, at most ``keys``."""
     return f"({TILE_END} < {keys} ? {TILE_END} : (kf_long){keys})"
-
-
-#: :func:`causal_bound`'s form, its ``keys`` the group
-CAUSAL_BOUND = re.compile(rf"\({TILE_END} < (.+) \? {TILE_END} : \(kf_long\)\1\)")

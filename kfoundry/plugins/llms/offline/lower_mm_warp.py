@@ -17,7 +17,6 @@ is past the 48 KB of static shared memory); on OpenCL (PoCL: the schedule's logi
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 from collections.abc import Callable
@@ -102,78 +101,60 @@ def vector_run(expr: str, var: str, start: str, floats: set[str]) -> str | None:
     return f"{m.group(1)} + ({m.group(2)} + ({start}))"
 
 
-def _ld4(lang: str) -> str:
-    return "__ldg(reinterpret_cast<const float4*>(kf_pv))" if lang == "cuda" else "vload4(0, kf_pv)"
-
-
-def _aligned(lang: str, addr: str) -> str:
-    return (
-        f"((reinterpret_cast<size_t>({addr}) & 15) == 0)"
-        if lang == "cuda"
-        else f"(((ulong)({addr}) & 15) == 0)"
-    )
-
-
-def _run(
-    lang: str, dst: str, expr: str, var: str, start: str, ok: str, bound: str, floats: set[str], vec: bool
-) -> str:
+def _run(lang: str, dst: str, expr: str, var: str, start: str, ok: str, bound: str, floats: set[str]) -> str:
     """Statements setting ``dst[4 * l + u]`` (u = 0..3) to ``expr`` at ``var = start + u`` (zero where
-    ``ok`` fails or ``var`` reaches ``bound``). ``vec``: one 16-byte load where the run is a float
-    buffer's (sgemm_warp's LDG.128; the caller has checked once that every run of the thread is aligned and
-    that ``bound`` is a multiple of 4, so a run is in or out of bounds as a whole), four predicated loads
-    otherwise. The scalar kernel never branches on alignment inside its loop: a branch there kept ptxas
-    from overlapping the next shared-memory fragments with the FMAs (measured 0.85x sgemm_warp)."""
-    scalar = f"""#pragma unroll
-            for (int u = 0; u < 4; ++u) {{
+    ``ok`` fails or ``var`` reaches ``bound``): one 16-byte load where the run is a float buffer's, in
+    bounds and aligned (sgemm_warp's LDG.128), four predicated loads otherwise."""
+    scalar = f"""for (int u = 0; u < 4; ++u) {{
                 const kf_long {var} = {start} + u;
                 {dst}[4 * l + u] = ({ok} && {var} < {bound}) ? ({expr}) : 0.0f;
             }}"""
-    addr = vector_run(expr, var, start, floats) if vec else None
+    addr = vector_run(expr, var, start, floats)
     if addr is None:
-        return scalar
+        return "#pragma unroll\n            " + scalar
+    if lang == "cuda":
+        aligned, ld = (
+            "(reinterpret_cast<size_t>(kf_pv) & 15) == 0",
+            "__ldg(reinterpret_cast<const float4*>(kf_pv))",
+        )
+    else:
+        aligned, ld = "((ulong)kf_pv & 15) == 0", "vload4(0, kf_pv)"
     d = f"{dst}[4 * l"
     return f"""const KF_G float* kf_pv = {addr};
-            if ({ok} && {start} < {bound}) {{
-                const float4 kf_v = {_ld4(lang)};
+            if ({ok} && {start} + 3 < {bound} && {aligned}) {{
+                const float4 kf_v = {ld};
                 {d}] = kf_v.x; {d} + 1] = kf_v.y; {d} + 2] = kf_v.z; {d} + 3] = kf_v.w;
             }} else {{
-                {d}] = 0.0f; {d} + 1] = 0.0f; {d} + 2] = 0.0f; {d} + 3] = 0.0f;
+                #pragma unroll
+                {scalar}
             }}"""
 
 
-def _maps(t: Tile, kfast: bool) -> tuple[str, str]:
-    """The thread's A and B element maps of load ``l`` at step ``k0`` (declaring i, ka0 and j / kb, jq)."""
-    kq = t.BK // 4
-    amap = f"const int e = tid + {t.nt} * l, r = e / {kq}, q = (e % {kq}) * 4; const kf_long i = i0 + r, ka0 = k0 + q;"
-    if kfast:
-        bmap = f"const int e = tid + {t.nt} * l, r = e / {kq}, q = (e % {kq}) * 4; const kf_long j = j0 + r, kb0 = k0 + q;"
-    else:
-        nq = t.BN // 4
-        bmap = f"const int e = tid + {t.nt} * l, r = e / {nq}, q = (e % {nq}) * 4; const kf_long kb = k0 + r, jq = j0 + q;"
-    return amap, bmap
-
-
 def _loads(
-    t: Tile, lang: str, a: str, b: str, kfast: bool, sizes: tuple[str, str, str], floats: set[str], vec: bool
+    t: Tile, lang: str, a: str, b: str, kfast: bool, sizes: tuple[str, str, str], floats: set[str]
 ) -> str:
     """Statements loading the step at ``k0`` into ``ga`` / ``gb`` (a, b: the element expressions of
     ``(i, ka)`` and ``(kb, j)``): each thread runs of 4 consecutive elements along K (A; B where ``kfast``)
-    or along N (B otherwise), sgemm_warp's float4s where ``vec`` (:func:`_run`)."""
+    or along N (B otherwise), sgemm_warp's float4s (:func:`_run`)."""
     M, N, K = sizes
-    ea, eb = t.BM * t.BK // 4 // t.nt, t.BN * t.BK // 4 // t.nt
-    amap, bmap = _maps(t, kfast)
+    ea, eb, kq = t.BM * t.BK // 4 // t.nt, t.BN * t.BK // 4 // t.nt, t.BK // 4
     if kfast:
-        brun = _run(lang, "gb", b, "kb", "kb0", f"(j < {N})", K, floats, vec)
+        bmap = f"const int r = e / {kq}, q = (e % {kq}) * 4; const kf_long j = j0 + r, kb0 = k0 + q;"
+        brun = _run(lang, "gb", b, "kb", "kb0", f"(j < {N})", K, floats)
     else:
-        brun = _run(lang, "gb", b, "j", "jq", f"(kb < {K})", N, floats, vec)
-    arun = _run(lang, "ga", a, "ka", "ka0", f"(i < {M})", K, floats, vec)
+        nq = t.BN // 4
+        bmap = f"const int r = e / {nq}, q = (e % {nq}) * 4; const kf_long kb = k0 + r, jq = j0 + q;"
+        brun = _run(lang, "gb", b, "j", "jq", f"(kb < {K})", N, floats)
+    arun = _run(lang, "ga", a, "ka", "ka0", f"(i < {M})", K, floats)
     return f"""        #pragma unroll
         for (int l = 0; l < {ea}; ++l) {{
-            {amap}
+            const int e = tid + {t.nt} * l, r = e / {kq}, q = (e % {kq}) * 4;
+            const kf_long i = i0 + r, ka0 = k0 + q;
             {arun}
         }}
         #pragma unroll
         for (int l = 0; l < {eb}; ++l) {{
+            const int e = tid + {t.nt} * l;
             {bmap}
             {brun}
         }}"""
@@ -209,10 +190,8 @@ def body(
     kfast: bool,
     store: str,
     floats: set[str],
-    vec: bool = False,
 ) -> str:
-    """The kernel body of tile ``t`` in ``lang`` (``vec``: 16-byte loads of the operands' float runs, valid
-    where :func:`vector_condition` holds); ``smem`` names the shared array, ``decl`` declares the
+    """The kernel body of tile ``t`` in ``lang``; ``smem`` names the shared array, ``decl`` declares the
     batch coordinates from ``bz``, ``store`` writes ``acc`` at ``(i, j)`` (bounds checked by the caller),
     ``floats`` the float buffers whose runs may be read as float4s."""
     M, N, K = sizes
@@ -229,6 +208,7 @@ def body(
         else f"__local float {smem}[{words}];"
     )
     lr, lc = t.WM // t.TM, t.WN // t.TN
+    loads = _loads(t, lang, a, b, kfast, sizes, floats)
     frag = f"""            float ra[{t.TM}], rv[{t.TN}];
             #pragma unroll
             for (int r = 0; r < {t.TM // 4}; ++r) {{
@@ -240,10 +220,27 @@ def body(
                 const float4 x = KF_LD4(bs + kk * {sb} + c * {lc * 4});
                 rv[4 * c] = x.x; rv[4 * c + 1] = x.y; rv[4 * c + 2] = x.z; rv[4 * c + 3] = x.w;
             }}"""
-
-    def main(vec: bool) -> str:
-        loads = _loads(t, lang, a, b, kfast, sizes, floats, vec)
-        return f"""    {{
+    return f"""    // {MARKER}: {t.BM} x {t.BN} x {t.BK} tiles, {t.WM} x {t.WN} warps of {t.TM} x {t.TN}
+    {shared}
+    const int tid = KF_LID(0), warp = tid >> 5, lane = tid & 31;
+    const int rb = (warp / {t.BN // t.WN}) * {t.WM} + (lane / {lc}) * 4;
+    const int cb = (warp % {t.BN // t.WN}) * {t.WN} + (lane % {lc}) * 4;
+    kf_long bx = KF_GRP(0), by = KF_GRP(1);
+    {{  // groups of {SWZ} tile rows
+        const kf_long gx = {ngx}, gy = {ngy}, pid = by * gx + bx, span = {SWZ} * gx;
+        const kf_long first = (pid / span) * {SWZ}, rows = gy - first < {SWZ} ? gy - first : {SWZ};
+        by = first + (pid % span) % rows;
+        bx = (pid % span) / rows;
+    }}
+    const kf_long i0 = by * {t.BM}, j0 = bx * {t.BN}, bz = KF_GRP(2);
+{decl}    float ga[{t.BM * t.BK // t.nt}], gb[{t.BN * t.BK // t.nt}];
+    float accv[{t.TM}][{t.TN}];
+    #pragma unroll
+    for (int r = 0; r < {t.TM}; ++r) {{
+        #pragma unroll
+        for (int c = 0; c < {t.TN}; ++c) accv[r][c] = 0.0f;
+    }}
+    {{
         const kf_long k0 = 0;
 {loads}
         {loc}float* as = {smem};
@@ -279,30 +276,7 @@ def body(
         cur ^= 1;
         KF_BARRIER;
     }}
-"""
-
-    main_text = main(vec)
-    return f"""    // {MARKER}: {t.BM} x {t.BN} x {t.BK} tiles, {t.WM} x {t.WN} warps of {t.TM} x {t.TN}
-    {shared}
-    const int tid = KF_LID(0), warp = tid >> 5, lane = tid & 31;
-    const int rb = (warp / {t.BN // t.WN}) * {t.WM} + (lane / {lc}) * 4;
-    const int cb = (warp % {t.BN // t.WN}) * {t.WN} + (lane % {lc}) * 4;
-    kf_long bx = KF_GRP(0), by = KF_GRP(1);
-    {{  // groups of {SWZ} tile rows
-        const kf_long gx = {ngx}, gy = {ngy}, pid = by * gx + bx, span = {SWZ} * gx;
-        const kf_long first = (pid / span) * {SWZ}, rows = gy - first < {SWZ} ? gy - first : {SWZ};
-        by = first + (pid % span) % rows;
-        bx = (pid % span) / rows;
-    }}
-    const kf_long i0 = by * {t.BM}, j0 = bx * {t.BN}, bz = KF_GRP(2);
-{decl}    float ga[{t.BM * t.BK // t.nt}], gb[{t.BN * t.BK // t.nt}];
-    float accv[{t.TM}][{t.TN}];
     #pragma unroll
-    for (int r = 0; r < {t.TM}; ++r) {{
-        #pragma unroll
-        for (int c = 0; c < {t.TN}; ++c) accv[r][c] = 0.0f;
-    }}
-{main_text}    #pragma unroll
     for (int r = 0; r < {t.TM}; ++r) {{
         const kf_long i = i0 + rb + (r / 4) * {lr * 4} + (r % 4);
         #pragma unroll
@@ -311,79 +285,6 @@ def body(
             if (i < {M} && j < {N}) {{ float acc = accv[r][c];{store} }}
         }}
     }}"""
-
-
-def _c_to_py(expr: str, exact: bool) -> ast.expr | None:
-    """``expr`` (a C index expression of +, -, *, /, %, parentheses, names and integers) as a Python AST,
-    with ``(kf_long)`` casts dropped; None where it is anything else, or (``exact``) holds / or %."""
-    try:
-        tree = ast.parse(expr.replace("(kf_long)", ""), mode="eval").body
-    except SyntaxError:
-        return None
-    ops = (ast.Add, ast.Sub, ast.Mult) if exact else (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and not isinstance(node.op, ops):
-            return None
-        if not isinstance(
-            node, ast.BinOp | ast.UnaryOp | ast.Name | ast.Constant | ast.operator | ast.unaryop | ast.Load
-        ):
-            return None
-    return tree
-
-
-def _multiple_of_4(node: ast.expr, py_of: dict[str, str]) -> str:
-    """A Python condition that implies the C expression ``node`` is a multiple of 4 for every value of its
-    coordinates: sizes are checked at run time (``int(size) % 4 == 0``), coordinates are not multiples."""
-    if isinstance(node, ast.Constant):
-        return "True" if isinstance(node.value, int) and node.value % 4 == 0 else "False"
-    if isinstance(node, ast.Name):
-        return f"(int({py_of[node.id]}) % 4 == 0)" if node.id in py_of else "False"
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return _multiple_of_4(node.operand, py_of)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
-        left, right = _multiple_of_4(node.left, py_of), _multiple_of_4(node.right, py_of)
-        return f"({left} or {right})" if isinstance(node.op, ast.Mult) else f"({left} and {right})"
-    return "False"  # a quotient or remainder: not known to be a multiple
-
-
-def _value_py(expr: str, py_of: dict[str, str]) -> str | None:
-    """The Python expression of the C size expression ``expr`` (sizes only), or None."""
-    tree = _c_to_py(expr, exact=True)
-    if tree is None or any(isinstance(n, ast.Name) and n.id not in py_of for n in ast.walk(tree)):
-        return None
-
-    class _Sizes(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.expr:
-            return ast.parse(f"int({py_of[node.id]})", mode="eval").body
-
-    return ast.unparse(_Sizes().visit(tree))
-
-
-def vector_condition(
-    L: Lowering, a: str, b: str, kfast: bool, sizes: tuple[str, str, str], floats: set[str]
-) -> str | None:
-    """A Python condition (evaluated in ``forward``) under which the 16-byte kernel is valid: every operand
-    read as float runs (:func:`vector_run`) has a 16-byte-aligned buffer, a row offset that is a multiple of
-    4 floats for every row (checked on the index expression's sizes), and a run bound (K, or N for B read
-    along N) that is a multiple of 4. None where no operand is read in runs, or an index is not understood."""
-    py_of = {v: k for k, v in L.syms.items()}
-    M, N, K = sizes
-    runs = [(a, "ka", "ka0", K)] + [(b, "kb", "kb0", K) if kfast else (b, "j", "jq", N)]
-    conds: list[str] = []
-    for expr, var, start, bound in runs:
-        if vector_run(expr, var, start, floats) is None:
-            continue
-        m = re.fullmatch(rf"(buf\d+)\[\((.*) \+ \({var}\)\)\]", expr.strip())
-        assert m is not None
-        offset, bound_py = _c_to_py(m.group(2), exact=False), _value_py(bound, py_of)
-        if offset is None or bound_py is None:
-            return None
-        conds += [
-            f"{L.ptrs[m.group(1)][0]}.data_ptr() % 16 == 0",
-            _multiple_of_4(offset, py_of),
-            f"({bound_py}) % 4 == 0",
-        ]
-    return " and ".join(conds) if conds else None
 
 
 def emit(
@@ -406,18 +307,11 @@ def emit(
     tile's last row, here ``i0 + BM`` after the swizzle). ``skip_above``: a tile wholly above the diagonal
     returns before its first load."""
     from kfoundry.plugins.llms.offline.lower import TILE_END, horner, unflat
-    from kfoundry.plugins.llms.offline.lower_attention import CAUSAL_BOUND
 
     t = pick(out, len(batch_dims))
     if t is None or "KF_GRP" in sizes[2]:
         return None
-    check_sizes = sizes
-    if TILE_END in sizes[2]:  # a causal bound: its run multiple of 4 where the keys are (BM is)
-        whole = CAUSAL_BOUND.fullmatch(sizes[2])
-        if whole is None:
-            return None
-        check_sizes = (sizes[0], sizes[1], whole.group(1))
-        sizes = (sizes[0], sizes[1], sizes[2].replace(TILE_END, f"(i0 + {t.BM})"))
+    sizes = (sizes[0], sizes[1], sizes[2].replace(TILE_END, f"(i0 + {t.BM})"))
     bc = [f"bc{k}" for k in range(len(batch_dims))]
     decl = "".join(
         f"    const kf_long {c} = {e};\n" for c, e in zip(bc, unflat("bz", batch_dims), strict=True)
@@ -431,10 +325,9 @@ def emit(
     smem = f"kf_wsm{L.nk}"
     ea, eb = a(bc, "i", "ka"), b(bc, "kb", "j")
     floats = {p for p, (_, ctype_) in L.ptrs.items() if ctype_ == "float"}
-    vec = vector_condition(L, ea, eb, kfast, check_sizes, floats)
     if skip_above:  # every (i, j) of the tile has j > i: no one reads it
         decl += f"    if (j0 > i0 + {t.BM - 1}) return;\n"
-    text = body(t, L.lang, smem, decl, sizes, ea, eb, kfast, store, floats, vec is not None)
+    text = body(t, L.lang, smem, decl, sizes, ea, eb, kfast, store, floats)
     L.fwd(f"b{L.nk} = torch.empty({py_shape}, dtype=torch.float32, device=dev)")
     gx, gy, gz = grid_py
     launch = f"grid=(_cdiv({gx}, {t.BN}), _cdiv({gy}, {t.BM}), max(1, {gz})), block=({t.nt}, 1, 1)"
@@ -447,13 +340,5 @@ def emit(
         k.source = k.source.replace(
             f"KF_KERNEL {k.name}(", f"KF_KERNEL __launch_bounds__({t.nt}, 1) {k.name}(", 1
         )
-    if vec is not None:
-        # two kernels, chosen in forward: one function holding both load paths took every register
-        # (255) and ptxas stopped overlapping the shared-memory fragments with the FMAs
-        scalar = body(t, L.lang, smem, decl, sizes, ea, eb, kfast, store, floats, False)
-        k.source += k.source.replace(text, scalar).replace(f" {k.name}(", f" {k.name}_s(", 1)
-        prefix = f"self.prog.{k.name}("
-        assert k.launch.startswith(prefix)
-        k.launch = f"(self.prog.{k.name} if {vec} else self.prog.{k.name}_s)(" + k.launch[len(prefix) :]
     L.fwd(k.launch)
     return L.buffer_val(name, out, py_shape, ctype)
