@@ -869,7 +869,7 @@ class Lowering:
             self.leaf_hook = saved
         if not found:
             return None
-        flag = f"Q{self.nk}"
+        flag = f"_kf_q4_{self.nk}"
         self.fwd(f"{flag} = int({' and '.join(dict.fromkeys(checks)) or 'True'})")
         return ptrs, self.sym(flag), inner
 
