@@ -220,3 +220,30 @@ def test_causal_attention_skips_the_tiles_above_the_diagonal(
         got = namespace["ModelNew"](*problem.make_init_inputs())(*inputs)  # type: ignore[operator]
         synchronize()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_non_finite_value_of_v_past_the_diagonal_spoils_its_column_as_on_torchs_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off CUDA the causal lowering follows torch's CPU kernel: a NaN or infinity in V past every row's
+    diagonal still makes its column NaN (0 x NaN); on CUDA the keys past the diagonal are skipped."""
+    import torch
+
+    from kfoundry.runtime import load, synchronize
+
+    shapes = {"batch_size": 1, "num_heads": 2, "seq_len": 64, "head_dim": 32}
+    recipe, problem = _coop("level1/sdpa_causal.py", shapes, "opencl", monkeypatch)
+    assert "_kf_allkeys = int(dev.type != 'cuda')" in recipe.forward
+    namespace: dict[str, object] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
+    torch.manual_seed(0)
+    q, k, v = problem.make_inputs(1)
+    v[0, 0, 60, 3] = float("nan")  # past the diagonal of rows 0..59
+    v[0, 1, 10, 7] = float("inf")  # within rows 10..63, past rows 0..9
+    k[0, 1, 30, 0] = float("nan")  # a NaN score: rows 30.. only (the masked ones are -inf first)
+    with torch.no_grad():
+        expected = problem.make_reference()(q, k, v)
+        got = namespace["ModelNew"](*problem.make_init_inputs())(q, k, v)  # type: ignore[operator]
+        synchronize()
+    assert torch.isnan(expected[0, 0, :, 3]).all()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True)

@@ -9,7 +9,9 @@ The problems here clean their operands of NaN and infinities first: which output
 makes NaN from a non-finite score or value is an artefact of its kernels' blocking (the CPU one, PoCL's
 reference, gives 0 for some all-NaN score rows and NaN for others of other lengths), which no
 lowering reproduces; the KernelBench problems' own NaN/inf trial fails on PoCL for that reason, before
-this lowering as after (tests/test_offline_breadth.py's slow sweep).
+this lowering as after (tests/test_offline_breadth.py's slow sweep). A non-finite value of V past the
+diagonal is reproduced off CUDA (its column NaN in every row, as torch's CPU kernel while the keys fit one
+of its query blocks): tests/test_offline_graph_warp_gemm.py.
 """
 
 from __future__ import annotations

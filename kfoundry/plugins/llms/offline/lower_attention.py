@@ -96,15 +96,40 @@ def sdpa_by_matmuls(L: Lowering, node: fx.Node, q: Val, k: Val, v: Val, causal: 
     if not causal:
         return pv
 
+    # Non-finite values of V past the diagonal: torch's CPU kernel multiplies every key's probability up to
+    # the end of its query block, 0 past the diagonal, by V, so a NaN or infinity in a column of V makes that
+    # column NaN in every row of the block (measured: every row up to 300 keys; at 1024 keys the rows from
+    # 512 on); its CUDA kernels skip the keys past the diagonal. Off CUDA (``_kf_allkeys``) a kernel marks
+    # V's columns holding one and the exact pass redoes those outputs over every key: torch's CPU result
+    # while the keys fit one of its query blocks (PoCL's small shapes), its blocking past that.
+    L.fwd("_kf_allkeys = int(dev.type != 'cuda')")
+    allkeys = L.sym("_kf_allkeys")
+    L.fwd(f"S{n}_vb = S{n}[:-2] + (S{n}[-1],)")
+
+    def bad_columns(c: list[str]) -> str:
+        j = L.fresh("j")
+        val = L.fresh("t")
+        return (
+            f"float acc = 0.0f;\n        for (kf_long {j} = 0; {j} < {Skv}; ++{j}) {{ "
+            f"const float {val} = {v.load([*at_v(c[:-1]), j, c[-1]])}; if ({val} - {val} != 0.0f) acc = 1.0f; }}"
+        )
+
+    vbad = L.emit_pointwise((*batch, out[-1]), f"S{n}_vb", bad_columns, "sdpa_vbad")
+    launch = L.sched.forward[-1]
+    assert "_sdpa_vbad(" in launch
+    L.sched.forward[-1] = f"if _kf_allkeys: {launch}"  # on CUDA the flags are never read
+
     def exact(c: list[str]) -> str:
-        # a non-finite output: redone over the row's own keys only, so that a NaN or infinite value past
-        # the diagonal (times probability 0 in the tile) leaves it as torch leaves it
+        # a non-finite output: redone over the row's own keys only (torch's CUDA kernels), or over every
+        # key where V's column holds a non-finite value off CUDA (torch's math path)
         j = L.fresh("j")
         end = f"(({c[-2]}) + 1 < {Skv} ? ({c[-2]}) + 1 : {Skv})"
         term = f"({probs.load([*c[:-1], j])}) * ({v.load([*at_v(c[:-2]), j, c[-1]])})"
         return (
             f"float acc = {pv.load(c)};\n"
-            f"        if (acc - acc != 0.0f) {{ acc = 0.0f; "
+            f"        if ({allkeys} && {vbad.load([*c[:-2], c[-1]])} != 0.0f) {{ acc = 0.0f; "
+            f"for (kf_long {j} = 0; {j} < {Skv}; ++{j}) acc += {term}; }}\n"
+            f"        else if (acc - acc != 0.0f) {{ acc = 0.0f; "
             f"for (kf_long {j} = 0; {j} < {end}; ++{j}) acc += {term}; }}"
         )
 
