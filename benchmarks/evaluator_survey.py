@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         recipes = sorted(OfflineGenerator().recipes(problem.summary(), "opencl"), key=lambda r: -r.rank)
         verdicts: list[str] = []
         ok = False
-        with Evaluator(problem, fast_config(cache=False)) as evaluator:  # type: ignore[arg-type]
+        with Evaluator(problem, fast_config(cache=False)) as evaluator:
             for recipe in recipes[: args.tries]:
                 record = evaluator.evaluate_many([recipe.candidate()])[0]
                 if record.outcome is Outcome.correct:
