@@ -94,6 +94,14 @@ template <class T> static inline T* __cluster_map_shared_rank(T* p, unsigned) { 
 #define __cluster_barrier_arrive() g_bar->arrive_and_wait()
 #define __cluster_barrier_wait() ((void)0)
 static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+// bulk copies on mbarriers (cookbook_rows_bulk): the copy lands at once; a barrier counts its phases
+#define KF_BULK_HELPERS
+static inline void kf_bar_init(unsigned long long* b) { __atomic_store_n(b, 0ull, __ATOMIC_SEQ_CST); }
+static inline void kf_bar_init_fence() {}
+static inline void kf_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* b) {
+    std::memcpy(dst, src, bytes); __atomic_fetch_add(b, 1ull, __ATOMIC_SEQ_CST); }
+static inline void kf_bar_wait(unsigned long long* b, unsigned parity) {
+    while ((__atomic_load_n(b, __ATOMIC_SEQ_CST) & 1ull) == parity) std::this_thread::yield(); }
 static void emu_launch(dim3 g, dim3 b, const std::function<void()>& fn) {
     gridDim = g; blockDim = b;
     unsigned n = b.x * b.y * b.z;
@@ -305,6 +313,25 @@ STREAM_CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
         {"batch_size": 300, "features": 4, "dim1": 5, "dim2": 12},
         "layer_norm/cluster_stream",
         {"BLOCK": 64, "UNROLL": 4},
+    ),
+    # the copy-engine variant: segments that split the chunk unevenly, empty ones, two per thread
+    (
+        "level1/softmax_rows.py",
+        {"batch_size": 300, "dim": 200},
+        "softmax/cluster_bulk",
+        {"BLOCK": 64, "NSEG": 16},
+    ),
+    (
+        "level1/log_softmax_rows.py",
+        {"batch_size": 300, "dim": 2000},
+        "log_softmax/cluster_bulk",
+        {"BLOCK": 64, "NSEG": 3},
+    ),
+    (
+        "level1/layer_norm_module.py",
+        {"batch_size": 300, "features": 4, "dim1": 5, "dim2": 12},
+        "layer_norm/cluster_bulk",
+        {"BLOCK": 32, "NSEG": 8},
     ),
 ]
 

@@ -210,6 +210,30 @@ class CudaKernel:
         #: on the first launch that asks for any: 48 KB less the kernel's static shared memory)
         self._dynamic_shared_limit: int | None = None
         self._handle = int(function)  # the CUfunction's value, for the direct driver call
+        self._allow_wide_clusters()
+
+    def _allow_wide_clusters(self) -> None:
+        """A kernel compiled for a cluster of more than 8 blocks (``__cluster_dims__(16, 1, 1)``) launches
+        only once the function allows a non-portable cluster size (sm_90 has up to 16); the driver says
+        the compiled cluster shape. Nothing happens for other kernels or where the driver lacks these."""
+        drv = _driver()
+        attr = drv.CUfunction_attribute
+        names = (
+            "CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH",
+            "CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT",
+            "CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH",
+        )
+        allow = getattr(attr, "CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", None)
+        if allow is None or not all(hasattr(attr, n) for n in names):
+            return
+        blocks = 1
+        for n in names:
+            code, value = drv.cuFuncGetAttribute(getattr(attr, n), self.function)
+            if int(code) != 0:
+                return
+            blocks *= max(1, int(value))
+        if blocks > 8:
+            check(drv.cuFuncSetAttribute(self.function, allow, 1), "allowing a cluster of over 8 blocks")
 
     def _param_sizes(self) -> list[int] | None:
         drv = _driver()

@@ -625,6 +625,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) rows({sig.replace("int inner
     if not op.reduce:
         out.append(_cluster_rows(spec, op, sig, warp))
         out.append(_cluster_stream(spec, op, sig, warp))
+        from kfoundry.plugins.llms.offline.cookbook_rows_bulk import cluster_bulk  # noqa: PLC0415
+
+        out.append(cluster_bulk(spec, op, sig, warp))  # the same, its loads on the copy engine
     return out
 
 
