@@ -27,7 +27,7 @@ static inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, _
 static inline void __nanosleep(unsigned) {}
 """
 
-CASES = [
+CASES: list[tuple[Any, ...]] = [
     (
         "level1/instance_norm.py",
         {"batch_size": 2, "features": 3, "dim1": 100, "dim2": 92},
@@ -52,6 +52,14 @@ CASES = [
         "graph/fused",
         "_fold(",
     ),
+    # the stream's swept parameters: pieces of 8192 (a row of one whole piece and a short one), 3 per SM
+    (
+        "level1/instance_norm.py",
+        {"batch_size": 2, "features": 3, "dim1": 100, "dim2": 92},
+        "graph/fused_coop",
+        "_stream(",
+        {"SP": 2, "SW": 3},
+    ),
     (
         "level1/batch_norm.py",
         {"batch_size": 3, "features": 4, "dim1": 64, "dim2": 68},
@@ -71,10 +79,10 @@ CASES = [
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize(("key", "shape", "name", "marker"), CASES)
-def test_norm_cuda_on_the_cpu_emulation(
-    key: str, shape: dict[str, int], name: str, marker: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_norm_cuda_on_the_cpu_emulation(case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    key, shape, name, marker = case[:4]
+    params: dict[str, int] = case[4] if len(case) > 4 else {}
     monkeypatch.setattr(emu, "EMU_H", emu.EMU_H + _EXTRA)
     monkeypatch.setattr(runtime, "load", emu.emu_load)
     problem = load_problem(DATA / key, shape)
@@ -85,7 +93,7 @@ def test_norm_cuda_on_the_cpu_emulation(
     inputs = problem.make_inputs(1)
     if "norm" in key:
         inputs = [300.0 + 0.5 * inputs[0]]  # a mean far from zero
-    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate"}
+    namespace: dict[str, Any] = {"PARAMS": {**recipe.defaults, **params}, "__name__": "kf_candidate"}
     exec(compile(recipe.render(), recipe.name, "exec"), namespace)
     model = namespace["ModelNew"](*problem.make_init_inputs())
     gen = torch.Generator().manual_seed(1)

@@ -99,6 +99,9 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
     if "p['RG']" in forward:  # a fused row reduction: RG waves of persistent clusters (0: one per row)
         # on the H200 (session 13, l1/l2 norm 32768 x 65535): RG 0 9.06-9.17 ms, 32 9.35, 8 10.24, 2 15.1
         params["RG"], defaults["RG"] = [0, 2, 8, 32], 0
+    if "p['SW']" in forward:  # a normalisation stream: SW work-groups per SM, pieces of SP x 4096 elements
+        params["SW"], params["SP"] = [2, 3, 4], [1, 2]
+        defaults["SW"], defaults["SP"] = 2, 1
     if "p['CM']" in forward:  # an implicit-GEMM convolution: 16CM x 16CN tiles
         params["CM"], params["CN"] = [1, 2, 4, 8], [2, 4, 8, 16]
         defaults["CM"], defaults["CN"] = _conv_blocks(low.conv_sizes)

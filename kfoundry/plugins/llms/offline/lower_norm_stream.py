@@ -34,6 +34,9 @@ GRID = {"cuda": 264, "opencl": 4}
 #: The most bytes read between a piece's two reads for which the stream is chosen (L2 is 50 MB).
 MAX_DISTANCE = 16 << 20
 
+#: The distance allowed where a sweep doubles the piece (``SP`` 2) or the grid (``SW``): the H200's L2 is 60 MB.
+MAX_DISTANCE_SWEPT = 24 << 20
+
 #: Tests set this to run the stream on OpenCL (PoCL) in the fused schedule; CUDA takes it in fused_coop.
 OPENCL = False
 
@@ -114,8 +117,16 @@ def stream_normalise(
     n = L.order[node]
     S = src.py_shape
     grid = GRID[L.lang]
+    piece_py = str(PIECE)
+    if L.lang == "cuda":  # SW work-groups per SM (the H200's 132), pieces of SP x PIECE where they fit
+        grid, piece_py = "_kf_sg", "_kf_piece"
+        L.fwd("_kf_sg = 132 * p['SW']")
+        L.fwd(
+            f"_kf_piece = {PIECE} * p['SP'] if (_cdiv(_prod({S}[{s}:]), {PIECE} * p['SP']) + _kf_sg) * "
+            f"{PIECE} * p['SP'] * 4 <= {MAX_DISTANCE_SWEPT} else {PIECE}"
+        )
     L.fwd(
-        f"Z{n} = (_prod({S}[:{s}]), _prod({S}[{s}:]), _cdiv(_prod({S}[{s}:]), {PIECE}), "
+        f"Z{n} = (_prod({S}[:{s}]), _prod({S}[{s}:]), _cdiv(_prod({S}[{s}:]), {piece_py}), "
         f"int(_prod({S}[{s}:]) % 4 == 0 and {src.buffer}.data_ptr() % 16 == 0))"
     )
     L.fwd(f"Z{n}d = Z{n}[2] + {grid}")
@@ -141,7 +152,7 @@ def stream_normalise(
         st4 = "KF_STORE4(o, 4 * i, {v})"
         spin = ""
         zero4 = "(float4)(0.0f, 0.0f, 0.0f, 0.0f)"
-    V = f"({PIECE} / (4 * BLOCK))"
+    V = "(KF_PIECE / (4 * BLOCK))"
 
     def one(v: str, q: str, k: int | None) -> str:
         e = f"(({v}) - kf_mean) * kf_rstd"
@@ -230,7 +241,7 @@ def stream_normalise(
     float4 va[{V}];
     float4 vb[{V}];
     if (j < total) {{
-        {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
+        {piece.format(j="j", pp=pp, P="KF_PIECE", inner=inner, xp=xp)}
         {loads("va", ld4)}
     }}
     while (j < total + {D}) {{
@@ -238,11 +249,11 @@ def stream_normalise(
         KF_BARRIER;  // every item has read the last ticket
         if (t == 0) kf_s[2] = {add}(ws, 1);  // the next ticket, taken under this one's work
         if (k >= 0) {{
-            {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {piece.format(j="k", pp=pp, P="KF_PIECE", inner=inner, xp=xp)}
             {loads("vb", ld4_last)}
         }}
         if (j < total) {{  // the statistics of piece j
-            {piece.format(j="j", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {piece.format(j="j", pp=pp, P="KF_PIECE", inner=inner, xp=xp)}
             const float shift = p[0];
             float s1 = 0.0f, s2 = 0.0f;
             for (int u = 0; u < {V}; ++u) {{
@@ -264,7 +275,7 @@ def stream_normalise(
         const kf_long jn = kf_s[2];
         const int last = j < total && kf_s[1];
         if (jn < total) {{  // the next piece's loads in flight under the merge and the normalisation
-            {piece.format(j="jn", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {piece.format(j="jn", pp=pp, P="KF_PIECE", inner=inner, xp=xp)}
             {loads("va", ld4)}
         }}
         if (last) {{  // piece j was its row's last: merge the row's pieces (Chan, a fixed order)
@@ -272,8 +283,8 @@ def stream_normalise(
             {fence};
             float na = 0.0f, ma = 0.0f, qa = 0.0f;
             for (kf_long q = t; q < {pp}; q += BLOCK) {{
-                const kf_long qc = q * {PIECE}, ql = (kf_long){inner} - qc;
-                const float nb = (float)(ql < {PIECE} ? ql : {PIECE});
+                const kf_long qc = q * KF_PIECE, ql = (kf_long){inner} - qc;
+                const float nb = (float)(ql < KF_PIECE ? ql : KF_PIECE);
                 const float mb = ((volatile KF_G float*)pf)[2 * ((kf_long)row * {pp} + q)];
                 const float qb = ((volatile KF_G float*)pf)[2 * ((kf_long)row * {pp} + q) + 1];
                 {merge.format(na="na", nb="nb", ma="ma", mb="mb", qa="qa", qb="qb")}
@@ -288,7 +299,7 @@ def stream_normalise(
             }}
         }}
         if (k >= 0) {{  // piece j - D: its row's statistics ready (or soon)
-            {piece.format(j="k", pp=pp, P=PIECE, inner=inner, xp=xp)}
+            {piece.format(j="k", pp=pp, P="KF_PIECE", inner=inner, xp=xp)}
             if (row != crow) {{  // a new row: wait for its flag, then load its statistics once
                 if (t == 0) {{
                     while ({add}(ws + 1 + {rows} + row, 0) == 0) {{ {spin} }}
@@ -316,5 +327,9 @@ def stream_normalise(
     L.fwd(f"b{idx} = torch.empty({S}, dtype=torch.float32, device=dev)")
     launch = f"grid=({grid}, 1, 1), block=(p['BLOCK'], 1, 1)"
     name = L.kernel(text, "float", "", f"{tag}_stream", launch_dims=launch)
-    L.fwd(L.sched.kernels[-1].launch)
+    kern = L.sched.kernels[-1]
+    kern.source = f"#ifndef KF_PIECE\n#define KF_PIECE {PIECE}\n#endif\n" + kern.source
+    if L.lang == "cuda":
+        kern.launch = kern.launch.replace("self.prog.", "self._program(KF_PIECE=_kf_piece).")
+    L.fwd(kern.launch)
     return L.buffer_val(name, src.shape, S)
