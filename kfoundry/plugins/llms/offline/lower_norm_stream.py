@@ -116,7 +116,7 @@ def stream_normalise(
     f = lambda name: fn(name, L.lang)  # noqa: E731
     n = L.order[node]
     S = src.py_shape
-    grid = GRID[L.lang]
+    grid = str(GRID[L.lang])
     piece_py = str(PIECE)
     if L.lang == "cuda":  # SW work-groups per SM (the H200's 132), pieces of SP x PIECE where they fit
         grid, piece_py = "_kf_sg", "_kf_piece"

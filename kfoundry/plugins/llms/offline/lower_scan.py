@@ -3,6 +3,7 @@ store) and the one-read log-sum-exp of a warp per row, eight terms per lane in f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -99,6 +100,9 @@ ROWS_THREADS = 512
 #: Rows from which :func:`fused_rows` applies (fewer leave SMs idle).
 ROWS_MIN_ROWS = 256
 ROWS_SLICE = 8192
+#: Elements per thread of a block's slice up to which the CUDA :func:`fused_rows` kernel keeps the slice in
+#: registers (``KF_PER``: all loads issued up front, pass 2 applies the consumer to the registers).
+ROWS_REGS = 16
 
 
 def broadcast_consumer(L: Lowering, node: fx.Node, shape: tuple[int, ...]) -> fx.Node | None:
@@ -173,22 +177,27 @@ def fused_rows(
     if cuda:
         rank, ncl = "(kf_long)blockIdx.x", "KF_CL"
         row0, rstep = "(kf_long)blockIdx.y", "(kf_long)gridDim.y"
-        shared = "    __shared__ float kf_red[32]; __shared__ float kf_part;\n"
+        # kf_part double-buffered by the parity of the block's row step kf_it (the same in every block of the
+        # cluster: they share blockIdx.y): a block writes slot s at step k only after the wait of step k - 1's
+        # cluster barrier, which every thread of the cluster reaches after its reads of slot s at step k - 2
+        # (arrive releases them), so no second barrier per row; the reads of the last step are closed by the
+        # arrive right after them, waited for before the block exits (its shared memory must outlive them)
+        shared = "    __shared__ float kf_red[32]; __shared__ float kf_part[2];\n"
         block_sum = (
             "        part = kf_wsum(part);\n"
             "        if ((threadIdx.x & 31) == 0) kf_red[threadIdx.x >> 5] = part;\n"
             "        __syncthreads();\n"
             f"        if (threadIdx.x < 32) {{ float w = threadIdx.x < {nt} / 32 ? kf_red[threadIdx.x] : 0.0f; "
-            "w = kf_wsum(w); if (threadIdx.x == 0) kf_part = w; }\n"
+            "w = kf_wsum(w); if (threadIdx.x == 0) kf_part[kf_it & 1] = w; }\n"
             "#if KF_CL > 1\n"
             "        __cluster_barrier_arrive(); __cluster_barrier_wait();\n"
             "        float tot = 0.0f;\n"
             "        #pragma unroll\n"
-            "        for (int rk = 0; rk < KF_CL; ++rk) tot += *static_cast<float*>(__cluster_map_shared_rank(&kf_part, rk));\n"
-            "        __cluster_barrier_arrive(); __cluster_barrier_wait();  // no block rewrites kf_part while another reads it\n"
+            "        for (int rk = 0; rk < KF_CL; ++rk) tot += *static_cast<float*>(__cluster_map_shared_rank(&kf_part[kf_it & 1], rk));\n"
+            f"        if (row + {rstep} >= rows) __cluster_barrier_arrive();  // the last row's reads done: waited for at exit\n"
             "#else\n"
             "        __syncthreads();\n"
-            "        float tot = kf_part;\n"
+            "        float tot = kf_part[kf_it & 1];\n"
             "#endif\n"
         )
     else:
@@ -206,23 +215,69 @@ def fused_rows(
             "        barrier(CLK_LOCAL_MEM_FENCE);\n"
         )
     ydims = [odims[k] for k in range(nd)]
+    load = src.load(at)
+    pass1 = (
+        f"        float part = 0.0f;\n"
+        f"        {UNROLL8} for (kf_long q = lo + {tid}; q < hi; q += {nt}) {{\n"
+        f"            part += {term(load)};\n        }}\n"
+    )
+    store = f"y[{horner(at, ydims)}] = {store_epi};"
+    pass2 = (
+        f"        {UNROLL8} for (kf_long q = lo + {tid}; q < hi; q += {nt}) {{\n"
+        f"            float acc = {value};\n"
+        f"            {store}\n        }}\n"
+    )
+    regs = cuda and src.ctype == "float"
+    if regs:
+        # KF_PER > 0 (the slice's elements per thread, at most ROWS_REGS): the thread's elements q = lo + tid +
+        # 512 u in registers, all loads issued before the first add (zeros past hi: terms of 0 add nothing,
+        # the per-thread order is the loop's); the consumer reads them where it loads src at the same
+        # coordinates (the same text: other loads stay global)
+        q_u = f"const kf_long q = lo + {tid} + (kf_long)u * {nt};"
+        on_regs = lambda e: re.sub(r"(?<![\w.])" + re.escape(load), "kf_v[u]", e)  # noqa: E731
+        pass1 = (
+            "#if KF_PER > 0\n"
+            "        float kf_v[KF_PER];\n"
+            "        #pragma unroll\n"
+            f"        for (int u = 0; u < KF_PER; ++u) {{ {q_u} kf_v[u] = q < hi ? ({load}) : 0.0f; }}\n"
+            "        float part = 0.0f;\n"
+            "        #pragma unroll\n"
+            f"        for (int u = 0; u < KF_PER; ++u) part += {term('kf_v[u]')};\n"
+            f"#else\n{pass1}#endif\n"
+        )
+        pass2 = (
+            "#if KF_PER > 0\n"
+            "        #pragma unroll\n"
+            f"        for (int u = 0; u < KF_PER; ++u) {{\n"
+            f"            {q_u}\n"
+            f"            if (q < hi) {{ float acc = {on_regs(value)}; {on_regs(store)} }}\n        }}\n"
+            f"#else\n{pass2}#endif\n"
+        )
+    loop = (
+        f"    kf_long kf_it = 0;\n    for (kf_long row = {row0}; row < rows; row += {rstep}, ++kf_it) {{\n"
+        if cuda
+        else f"    for (kf_long row = {row0}; row < rows; row += {rstep}) {{\n"
+    )
     text = (
         f"{shared}"
         f"    const kf_long rows = {rows};\n"
         f"    const kf_long cnt = {count};\n"
         f"    const kf_long slice = (cnt + {ncl} - 1) / {ncl};\n"
         f"    const kf_long lo = {rank} * slice, hi = lo + slice < cnt ? lo + slice : cnt;\n"
-        f"    for (kf_long row = {row0}; row < rows; row += {rstep}) {{\n{decomp}"
-        f"        float part = 0.0f;\n"
-        f"        {UNROLL8} for (kf_long q = lo + {tid}; q < hi; q += {nt}) {{\n"
-        f"            part += {term(src.load(at))};\n        }}\n"
+        f"{loop}{decomp}"
+        f"{pass1}"
         f"{block_sum}"
         f"        {final.get(op, '')}\n"
-        f"        {UNROLL8} for (kf_long q = lo + {tid}; q < hi; q += {nt}) {{\n"
-        f"            float acc = {value};\n"
-        f"            y[{horner(at, ydims)}] = {store_epi};\n        }}\n"
+        f"{pass2}"
         f"    }}"
     )
+    if cuda:  # a block that ran no row arrives here; none exits before every block has read its kf_part
+        text += (
+            "\n#if KF_CL > 1\n"
+            f"    if ({row0} >= rows) __cluster_barrier_arrive();\n"
+            "    __cluster_barrier_wait();\n"
+            "#endif"
+        )
     idx = L.nk
     L.fwd(f"b{idx} = torch.empty({S}, dtype=torch.float32, device=dev)")
     rows_py = " * ".join(f"{S}[{k}]" for k in kept) or "1"
@@ -232,17 +287,23 @@ def fused_rows(
         # RG waves of clusters over 132 SMs (the H200's; another count only changes the waves), each cluster
         # looping over its rows (RG 0: a cluster per row)
         L.fwd(f"_kf_rg = {rows_py} if p['RG'] == 0 else max(1, p['RG'] * 132 // _kf_cl)")
+        if regs:  # a thread's elements of its block's slice, in registers where at most ROWS_REGS
+            L.fwd(f"_kf_per = _cdiv(_cdiv({count_py}, _kf_cl), {ROWS_THREADS})")
+            L.fwd(f"_kf_per = _kf_per if _kf_per <= {ROWS_REGS} else 0")
         launch = f"grid=(_kf_cl, max(1, min({rows_py}, _kf_rg, 65535)), 1), block=({ROWS_THREADS}, 1, 1)"
     else:
         launch = f"grid=(max(1, min({rows_py}, 65535)), 1, 1), block=(p['BLOCK'], 1, 1)"
     name = L.kernel(text, ctype, "", "rows", launch_dims=launch)
     kern = L.sched.kernels[-1]
     if cuda:
-        kern.source = "#ifndef KF_CL\n#define KF_CL 1\n#endif\n" + kern.source.replace(
-            f"KF_KERNEL {kern.name}(",
-            f"KF_KERNEL __cluster_dims__(KF_CL, 1, 1) __launch_bounds__({ROWS_THREADS}) {kern.name}(",
+        kern.source = "#ifndef KF_CL\n#define KF_CL 1\n#endif\n#ifndef KF_PER\n#define KF_PER 0\n#endif\n" + (
+            kern.source.replace(
+                f"KF_KERNEL {kern.name}(",
+                f"KF_KERNEL __cluster_dims__(KF_CL, 1, 1) __launch_bounds__({ROWS_THREADS}) {kern.name}(",
+            )
         )
-        kern.launch = kern.launch.replace("self.prog.", "self._program(KF_CL=_kf_cl).")
+        defines = "KF_CL=_kf_cl, KF_PER=_kf_per" if regs else "KF_CL=_kf_cl"
+        kern.launch = kern.launch.replace("self.prog.", f"self._program({defines}).")
     L.fwd(kern.launch)
     res = L.buffer_val(name, out, S, ctype)
     claim(L, cons, res)
