@@ -63,7 +63,10 @@ def test_fused_rows_cuda_compiles_for_sm90(key: str, tmp_path: Path) -> None:
     data = Path(__file__).resolve().parent / "data" / "kernelbench"
     problem = load_problem(data / key, {})
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "cuda", "graph/fused_coop", 2)
-    assert "__cluster_dims__(KF_CL, 1, 1)" in recipe.kernel and "_program(KF_CL=_kf_cl, KF_PER=_kf_per)" in recipe.forward
+    assert (
+        "__cluster_dims__(KF_CL, 1, 1)" in recipe.kernel
+        and "_program(KF_CL=_kf_cl, KF_PER=_kf_per)" in recipe.forward
+    )
     assert len(re.findall(r"^KF_KERNEL .*\bk\d+_\w+\(", recipe.kernel, re.M)) == 1
     for cl, per in ((1, 0), (8, 0), (8, 16)):  # the loop, and the register-resident slice
         report = nvcc_resources(recipe.kernel, {**recipe.defaults, "KF_CL": cl, "KF_PER": per}, tmp_path)
