@@ -10,7 +10,14 @@ import re
 from kfoundry.core.models import ParamValue, TunableSpace
 from kfoundry.plugins.llms.offline import lower_conv
 from kfoundry.plugins.llms.offline.index_width import adapt
-from kfoundry.plugins.llms.offline.lower import PY_HELPERS, Lowering, forward_body, init_source, kernel_source
+from kfoundry.plugins.llms.offline.lower import (
+    PY_HELPERS,
+    QU_DEFAULT,
+    Lowering,
+    forward_body,
+    init_source,
+    kernel_source,
+)
 from kfoundry.plugins.llms.offline.normalize_linear_sum import REWRITES
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
@@ -96,12 +103,16 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
         params["ILP"], defaults["ILP"] = [1, 2, 4], 4
     if "p['RB']" in forward:  # a register-blocked product: 16RB x 16RB tiles
         params["RB"], defaults["RB"] = [2, 4, 8], _register_block(low.mm_sizes)
+    if "p.get('QU'" in forward and language == "cuda":  # pointwise quads: QU of them per thread and step
+        params["QU"], defaults["QU"] = [1, 2, 4], QU_DEFAULT["cuda"]
     if "p['RG']" in forward:  # a fused row reduction: RG waves of persistent clusters (0: one per row)
         # on the H200 (session 13, l1/l2 norm 32768 x 65535): RG 0 9.06-9.17 ms, 32 9.35, 8 10.24, 2 15.1
         params["RG"], defaults["RG"] = [0, 2, 8, 32], 0
     if "p['SW']" in forward:  # a normalisation stream: SW work-groups per SM, pieces of SP x 4096 elements
+        # an H100 sweep (session 14, call 2): SW 3 at BLOCK 128 group norm 7.31 ms, instance norm 6.48 (SW 2 at
+        # BLOCK 256, before: 7.40 and 7.57); BLOCK 512 was the slowest at every SW; SP 2 helped only at SW 2
         params["SW"], params["SP"] = [2, 3, 4], [1, 2]
-        defaults["SW"], defaults["SP"] = 2, 1
+        defaults["SW"], defaults["SP"], defaults["BLOCK"] = 3, 1, 128
     if "p['CM']" in forward:  # an implicit-GEMM convolution: 16CM x 16CN tiles
         params["CM"], params["CN"] = [1, 2, 4, 8], [2, 4, 8, 16]
         defaults["CM"], defaults["CN"] = _conv_blocks(low.conv_sizes)

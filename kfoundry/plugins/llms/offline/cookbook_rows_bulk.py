@@ -172,8 +172,11 @@ else:
 return y
 """
     cl = _cluster_size(spec)
-    # just below cluster_stream until the H200 has timed both
-    rank = (4 if spec.R * 4 > 64 * 1024 else 2) if cl else 1
+    # above cluster_stream for softmax, below it for the rest: on an H100 (session 14, calls 1 and 2, 4096 x
+    # 393216) softmax 4.55-4.65 ms against cluster_stream's 5.31-5.49, log-softmax 4.63-4.80 against 4.50-4.73
+    # (its output needs no exponential: the threads' own loads keep up); layer and RMS norm not timed
+    top = 6 if spec.family == "softmax" else 4
+    rank = (top if spec.R * 4 > 64 * 1024 else 2) if cl else 1
     return Recipe(
         f"{spec.family}/cluster_bulk",
         spec.family,

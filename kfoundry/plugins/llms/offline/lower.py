@@ -213,6 +213,10 @@ LANE_MIN = 64
 #: loads of its loop in flight: a few MB in flight, what DRAM's latency-bandwidth product asks.
 STRIDED_OUT_MIN = 1 << 16
 
+#: Quads a thread of a pointwise kernel takes per grid-stride step (:meth:`Lowering._quads`) where the
+#: parameters lack QU: their 16-byte loads in flight together (CUDA; OpenCL keeps one).
+QU_DEFAULT = {"cuda": 2, "opencl": 1}
+
 
 def strided(shape: tuple[int, ...], dims: Sequence[int]) -> bool:
     """Whether a loop over ``dims`` of a row-major ``shape`` strides memory: the innermost dim of more
@@ -577,8 +581,8 @@ class Lowering:
             )
             return self.finish(text, final_ctype, py_shape, out, tag, f"32 * {work}")
         if self.fuse and final_ctype == "float" and coords and not looped:
-            # a work item per four consecutive elements
-            quads = f"_cdiv({work}, 4)"
+            # a work item per QU quads of four consecutive elements (QU_DEFAULT where the parameters lack it)
+            quads = f"_cdiv({work}, 4 * p.get('QU', {QU_DEFAULT.get(self.lang, 1)}))"
             vec = self._quad_loads(coords, body, py_shape)
             text = self._quads(dims, coords, inner, store, total, vec)
             return self.finish(text, final_ctype, py_shape, out, tag, quads)
@@ -882,19 +886,26 @@ class Lowering:
         total: str,
         vec: tuple[list[str], str, str] | None = None,
     ) -> str:
-        """A loop-free pointwise body over four consecutive elements per work item, whatever the shape. The
-        coordinates of a thread's first quad and the mixed-radix digits of the grid stride are decomposed
-        once, before the grid-stride loop; each step adds the stride's digits with carries (a compare and a
-        subtraction per dimension, no division: a 32-bit division by a size known only at run time costs
-        about twenty instructions, and four of them per quad kept the pointwise kernels issue-bound). Inside
-        a quad the next three coordinates step from the first (the last coordinate incremented, a carry where
-        it reaches its size); the four loads in flight together, one 16-byte store (the output is contiguous,
-        ``g4`` a multiple of 4)."""
+        """A loop-free pointwise body over four consecutive elements (a quad) per work item, QU quads a grid
+        stride apart per thread and step (QU a define, :data:`QU_DEFAULT` where undefined; the launch's
+        work count is the quads' over QU; a grid stride apart, each load instruction of a warp stays
+        coalesced), whatever the shape. The coordinates of a thread's first quad and the mixed-radix digits
+        of the grid stride are decomposed once, before the grid-stride loop; each quad's coordinates are the
+        previous one's plus the stride's digits with carries (a compare and a subtraction per dimension, no
+        division: a 32-bit division by a size known only at run time costs about twenty instructions, and
+        four of them per quad kept the pointwise kernels issue-bound). A step runs in two phases: first
+        every quad's coordinates (walked from the step's first), pointers and 16-byte loads (``vec``:
+        alignment and bounds checked per quad, each quad's pointers from its own coordinates, as an
+        operand's rows may be apart by more than the output's), so that QU loads per operand are in flight
+        together; then each quad's elements (the next three coordinates step from the first, the last
+        coordinate incremented, a carry where it reaches its size; a quad that did not take the 16-byte
+        loads reads its elements one by one) and one 16-byte store (the output is contiguous, ``g4`` a
+        multiple of 4)."""
         n = len(coords)
         run = [f"kf_qb{k}" for k in range(n)]
         cur = [f"kf_qc{k}" for k in range(n)]
         digits = [f"kf_qs{k}" for k in range(n)]
-        first = decompose("g4", dims, run, "total").replace("const kf_long", "kf_long")
+        first = decompose("kf_g0", dims, run, "total").replace("const kf_long", "kf_long")
         stride = decompose("kf_qg", dims, digits, "total")
         bind = "const kf_long " + ", ".join(f"{c} = {t}" for c, t in zip(coords, cur, strict=True)) + ";"
         step = ""
@@ -911,44 +922,74 @@ class Lowering:
 
         def elements(body_text: str) -> str:
             return (
-                "        #pragma unroll\n        for (int kq = 0; kq < 4; ++kq) {\n"
+                "            #pragma unroll\n            for (int kq = 0; kq < 4; ++kq) {\n"
                 "            const kf_long g = g4 + kq;\n            kf_qv[kq] = 0.0f;\n"
                 f"            if (g < total) {{\n            {bind}\n"
                 f"            {body_text}\n            kf_qv[kq] = {store};\n            }}\n"
-                f"            {step}\n        }}\n"
+                f"            {step}\n            }}\n"
             )
 
-        loop = elements(inner)
+        issue = ""  # phase 1: every quad's 16-byte loads, before any element is computed
+        compute = elements(inner)
         head = ""
         if vec is not None:
             ptrs, flag, vec_inner = vec
             n4 = len(ptrs)
             size_t = "size_t" if self.lang == "cuda" else "ulong"
             ld4 = "*reinterpret_cast<KF_G const float4*>({p})" if self.lang == "cuda" else "vload4(0, {p})"
+            zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" if self.lang == "cuda" else "(float4)(0.0f)"
             aligned = " | ".join(f"({size_t})kf_qp{k}" for k in range(n4))
-            loads = " ".join(
-                f"float kf_ql{k}[4]; {{ const float4 kf_v = {ld4.format(p=f'kf_qp{k}')}; kf_ql{k}[0] = kf_v.x; "
-                f"kf_ql{k}[1] = kf_v.y; kf_ql{k}[2] = kf_v.z; kf_ql{k}[3] = kf_v.w; }}"
+            loads = " ".join(f"kf_qx{k}[u] = {ld4.format(p=f'kf_qp{k}')};" for k in range(n4))
+            # (zeros where a quad takes no 16-byte loads: none of its registers kept from the last step)
+            zeros = " ".join(f"kf_qx{k}[u] = {zero4};" for k in range(n4))
+            unpack = " ".join(
+                f"float kf_ql{k}[4]; kf_ql{k}[0] = kf_qx{k}[u].x; kf_ql{k}[1] = kf_qx{k}[u].y; "
+                f"kf_ql{k}[2] = kf_qx{k}[u].z; kf_ql{k}[3] = kf_qx{k}[u].w;"
                 for k in range(n4)
             )
             head = f"    const int kf_q4 = {flag} && ({dims[-1]}) % 4 == 0;\n"
-            loop = (
-                f"        {' '.join(ptrs)}\n"
-                f"        if (kf_q4 && g4 + 3 < total && (({aligned}) & 15) == 0) {{\n        {loads}\n"
-                f"{elements(vec_inner)}        }} else {{\n{loop}        }}\n"
+            # quad u's coordinates walk from the step's first (kf_qw: ``run`` stays for phase 2 to step
+            # again, cheaper in registers than QU saved sets)
+            walk = " ".join(advance)
+            for k in range(n):
+                walk = re.sub(rf"\b{run[k]}\b", f"kf_qw{k}", walk)
+            start = ", ".join(f"kf_qw{k} = {r}" for k, r in enumerate(run))
+            quad_ptrs = re.sub(r"\bkf_qb(\d+)", r"kf_qw\1", " ".join(ptrs))
+            issue = (
+                f"        float4 {', '.join(f'kf_qx{k}[QU]' for k in range(n4))};\n        int kf_qf[QU];\n"
+                f"        kf_long {start};\n"
+                "        #pragma unroll\n"
+                "        for (int u = 0; u < QU; ++u) {\n"
+                "            const kf_long g4 = kf_g0 + u * kf_qg;\n"
+                f"            {quad_ptrs}\n"
+                f"            kf_qf[u] = kf_q4 && g4 + 3 < total && (({aligned}) & 15) == 0;\n"
+                f"            if (kf_qf[u]) {{ {loads} }} else {{ {zeros} }}\n"
+                f"            if (u + 1 < QU) {{ int kf_qk = 0; (void)kf_qk; {walk} }}\n"
+                "        }\n"
+            )
+            compute = (
+                f"            if (kf_qf[u]) {{\n            {unpack}\n{elements(vec_inner)}"
+                f"            }} else {{\n{compute}            }}\n"
             )
         return (
+            f"#ifndef QU\n#define QU {QU_DEFAULT.get(self.lang, 1)}\n#endif\n"
             f"    const kf_long total = {total};\n{head}"
             "    const kf_long kf_qg = KF_GSTRIDE * 4;\n"
-            f"    kf_long g4 = KF_GID * 4;\n{first}{stride}"
-            "    for (; g4 < total; g4 += kf_qg) {\n"
-            f"        {copy}\n"
-            "        float kf_qv[4];\n"
-            f"{loop}"
-            "        if (g4 + 3 < total) KF_STORE4(y, g4, kf_qv[0], kf_qv[1], kf_qv[2], kf_qv[3]);\n"
-            "        else { y[g4] = kf_qv[0]; if (g4 + 1 < total) y[g4 + 1] = kf_qv[1]; "
+            f"    kf_long kf_g0 = KF_GID * 4;\n{first}{stride}"
+            "    for (; kf_g0 < total; kf_g0 += QU * kf_qg) {\n"
+            f"{issue}"
+            "        #pragma unroll\n"
+            "        for (int u = 0; u < QU; ++u) {  // phase 2: each quad's elements and store\n"
+            "            const kf_long g4 = kf_g0 + u * kf_qg;\n"
+            "            if (g4 >= total) break;\n"
+            f"            {copy}\n"
+            "            float kf_qv[4];\n"
+            f"{compute}"
+            "            if (g4 + 3 < total) KF_STORE4(y, g4, kf_qv[0], kf_qv[1], kf_qv[2], kf_qv[3]);\n"
+            "            else { y[g4] = kf_qv[0]; if (g4 + 1 < total) y[g4 + 1] = kf_qv[1]; "
             "if (g4 + 2 < total) y[g4 + 2] = kf_qv[2]; }\n"
-            f"        {{ int kf_qk = 0; (void)kf_qk; {' '.join(advance)} }}\n"
+            f"            {{ int kf_qk = 0; (void)kf_qk; {' '.join(advance)} }}\n"
+            "        }\n"
             "    }"
         )
 
