@@ -248,3 +248,15 @@ def test_clusters_of_two_blocks_loop_over_rows_with_one_barrier_each(monkeypatch
     assert [(d["KF_CL"], d["KF_PER"]) for d in loads.defines] == [(2, 9)]
     torch.testing.assert_close(got, _expected(problem, x), rtol=2e-6, atol=1e-7, equal_nan=True)
     assert got[5].isnan().all() and not got[[4, 6]].isnan().any()
+
+
+@pytest.mark.parametrize("key", ["level1/l1_norm.py", "level1/l2_norm.py"])
+def test_register_path_reads_the_row_once(key: str) -> None:
+    """The consumer reads the registers, also where the reduced term is a function of the load (L1's
+    ``fabsf(x)``, whose consumer divides the raw ``x``): under ``KF_PER > 0`` the row is loaded once."""
+    problem = load_problem(DATA / key, {})
+    recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "cuda", "graph/fused_coop", 2)
+    regs_path = recipe.kernel.split("#if KF_PER > 0")[1:]
+    assert len(regs_path) == 2  # pass 1 and pass 2
+    pass1, pass2 = (part.split("#else")[0] for part in regs_path)
+    assert pass1.count("buf0[") == 1 and "buf0[" not in pass2 and "kf_v[u] / tot" in pass2

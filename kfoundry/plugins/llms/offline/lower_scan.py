@@ -234,15 +234,19 @@ def fused_rows(
         # the per-thread order is the loop's); the consumer reads them where it loads src at the same
         # coordinates (the same text: other loads stay global)
         q_u = f"const kf_long q = lo + {tid} + (kf_long)u * {nt};"
-        on_regs = lambda e: re.sub(r"(?<![\w.])" + re.escape(load), "kf_v[u]", e)  # noqa: E731
+        # where src is a fused elementwise function of one buffer access (l1 norm's fabsf(x)) that the
+        # consumer reads raw (x / sum), the raw access is what the registers hold
+        raw = _raw_access(load, value + store)
+        on_regs = lambda e: re.sub(r"(?<![\w.])" + re.escape(raw), "kf_v[u]", e)  # noqa: E731
+        folded = term(on_regs(load)) if raw == load else f"(q < hi ? {term(on_regs(load))} : 0.0f)"
         pass1 = (
             "#if KF_PER > 0\n"
             "        float kf_v[KF_PER];\n"
             "        #pragma unroll\n"
-            f"        for (int u = 0; u < KF_PER; ++u) {{ {q_u} kf_v[u] = q < hi ? ({load}) : 0.0f; }}\n"
+            f"        for (int u = 0; u < KF_PER; ++u) {{ {q_u} kf_v[u] = q < hi ? ({raw}) : 0.0f; }}\n"
             "        float part = 0.0f;\n"
             "        #pragma unroll\n"
-            f"        for (int u = 0; u < KF_PER; ++u) part += {term('kf_v[u]')};\n"
+            f"        for (int u = 0; u < KF_PER; ++u) {{ {q_u} part += {folded}; }}\n"
             f"#else\n{pass1}#endif\n"
         )
         pass2 = (
@@ -309,6 +313,17 @@ def fused_rows(
     claim(L, cons, res)
     # the reduction itself is not materialised (its one user is the kernel's)
     return Val(src.shape, src.dims, _no_load, f"S{L.order[node]}")
+
+
+def _raw_access(load: str, consumer: str) -> str:
+    """What the register-resident slice holds: ``load`` itself, or the one buffer access inside it
+    (``fabsf(buf0[i])``'s ``buf0[i]``) where the consumer reads that access but not ``load``."""
+    if load in consumer:
+        return load
+    accesses = set(re.findall(r"\bbuf\d+\[[^\[\]]*\]", load))
+    if len(accesses) == 1 and (acc := accesses.pop()) in consumer:
+        return acc
+    return load
 
 
 def _no_load(c: list[str]) -> str:
