@@ -214,8 +214,10 @@ LANE_MIN = 64
 STRIDED_OUT_MIN = 1 << 16
 
 #: Quads a thread of a pointwise kernel takes per grid-stride step (:meth:`Lowering._quads`) where the
-#: parameters lack QU: their 16-byte loads in flight together (CUDA; OpenCL keeps one).
-QU_DEFAULT = {"cuda": 2, "opencl": 1}
+#: parameters lack QU: their 16-byte loads in flight together. One: on an H100 (session 14, call 3,
+#: ``--sweep QU``) QU 2 and 4 were no faster (leaky_relu_broadcast_bias 4.54 / 4.58 / 4.67 ms at QU 1 / 2 / 4,
+#: matrix_scalar_multiplication 3.01 / 2.99-3.45 / 3.02); QU stays in the CUDA graph recipes' space.
+QU_DEFAULT = {"cuda": 1, "opencl": 1}
 
 
 def strided(shape: tuple[int, ...], dims: Sequence[int]) -> bool:
