@@ -994,15 +994,20 @@ def inner_vector(spec: OpSpec, language: str) -> Recipe | None:
         return None
     vws = [2, 4, 8] if language == "opencl" else [4]
     op = spec.reduce_op if spec.family == "reduce" else "sumsq"
-    init = {"max": "-INFINITY", "min": "INFINITY"}.get(op, "0.0f")
+    init = {"max": "-INFINITY", "min": "INFINITY", "prod": "1.0f"}.get(op, "0.0f")
     R = "(float)R"
     eps = f"{spec.eps!r}f"
     # one scalar column (the tail and the unaligned path)
-    sstep = {
-        "max": "a = (v > a || v != v) ? v : a;",
-        "min": "a = (v < a || v != v) ? v : a;",
-        "sumsq": "a += v * v;",
-    }.get(op, "a += v;")
+    sstep = (
+        {
+            "max": "a = (v > a || v != v) ? v : a;",
+            "min": "a = (v < a || v != v) ? v : a;",
+            "sumsq": "a += v * v;",
+            "prod": "a *= v;",
+        }[op]
+        if op in ("max", "min", "sumsq", "prod")
+        else "a += v;"
+    )
     if spec.family == "reduce":
         sout = f"Y[(long)o * inner + col] = {'a / ' + R if op == 'mean' else 'a'};"
     else:
@@ -1020,6 +1025,7 @@ def inner_vector(spec: OpSpec, language: str) -> Recipe | None:
             "max": "acc = (v > acc || v != v) ? v : acc;",
             "min": "acc = (v < acc || v != v) ? v : acc;",
             "sumsq": "acc += v * v;",
+            "prod": "acc *= v;",
         }.get(op, "acc += v;")
         if spec.family == "reduce":
             result = "acc / (floatv)(" + R + ")" if op == "mean" else "acc"
@@ -1052,6 +1058,7 @@ __kernel void rows(__global const float* restrict X, __global float* restrict Y,
             "max": "acc.{c} = (v.{c} > acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
             "min": "acc.{c} = (v.{c} < acc.{c} || v.{c} != v.{c}) ? v.{c} : acc.{c};",
             "sumsq": "acc.{c} = fmaf(v.{c}, v.{c}, acc.{c});",
+            "prod": "acc.{c} *= v.{c};",
         }.get(op, "acc.{c} += v.{c};")
         steps = " ".join(step.format(c=c) for c in comps)
         if spec.family == "reduce":
@@ -1346,18 +1353,26 @@ def inner_split(spec: OpSpec) -> Recipe | None:
     rows split into ``split`` ranges (``split`` from ``forward``: about eight resident threads' worth of
     work items per SM slot), a thread per (column, range) with eight loads in flight (summed in pairs),
     neighbouring threads on neighbouring columns; a second kernel folds a column's ``split`` partials."""
-    if spec.inner == 1 or spec.family != "reduce" or spec.reduce_op not in ("sum", "mean", "max", "min"):
+    if (
+        spec.inner == 1
+        or spec.family != "reduce"
+        or spec.reduce_op not in ("sum", "mean", "max", "min", "prod")
+    ):
         return None
     op = spec.reduce_op
-    init = {"max": "-INFINITY", "min": "INFINITY"}.get(op, "0.0f")
+    init = {"max": "-INFINITY", "min": "INFINITY", "prod": "1.0f"}.get(op, "0.0f")
     cmp = {"max": ">", "min": "<"}.get(op, "")
     comb = (
         (lambda a, b: f"{a} = ({b} {cmp} {a} || {b} != {b}) ? {b} : {a};")
         if cmp
+        else (lambda a, b: f"{a} *= {b};")
+        if op == "prod"
         else (lambda a, b: f"{a} += {b};")
     )
     if cmp:
         eight = " ".join(comb("a", f"v[{u}]") for u in range(8))
+    elif op == "prod":
+        eight = "a *= ((v[0] * v[1]) * (v[2] * v[3])) * ((v[4] * v[5]) * (v[6] * v[7]));"
     else:
         eight = "a += ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));"
     result = "a / (float)R" if op == "mean" else "a"

@@ -459,8 +459,17 @@ _REDUCE = {
     torch.amin: "min",
     torch.max: "max",
     torch.min: "min",
+    torch.prod: "prod",
 }
-_REDUCE_METHODS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "max": "max", "min": "min"}
+_REDUCE_METHODS = {
+    "sum": "sum",
+    "mean": "mean",
+    "amax": "max",
+    "amin": "min",
+    "max": "max",
+    "min": "min",
+    "prod": "prod",
+}
 
 
 def _dim_arg(node: fx.Node, pos: int = 1) -> Any:
@@ -532,6 +541,8 @@ def _rows(t: _Trace, anchors: list[fx.Node]) -> OpSpec | None:
     if op is None:
         return None
     dim = _dim_arg(node)
+    if op == "prod" and not isinstance(dim, int):
+        return None  # a product over all elements: the graph lowering's
     if isinstance(dim, list | tuple):
         if len(dim) != 1:
             raise GeneratorUnsupported("offline generator: reductions over one dimension only")

@@ -116,6 +116,8 @@ def row_op(spec: OpSpec, lang: str) -> RowOp:
     if op in ("sum", "mean"):
         result = f"(total / {R})" if op == "mean" else "total"
         return RowOp([("total", "0.0f")], "total += x;", "total += total_o;", "", "", True, result)
+    if op == "prod":
+        return RowOp([("total", "1.0f")], "total *= x;", "total *= total_o;", "", "", True, "total")
     # torch.amax/amin propagate NaN (fmax/fmin would drop it): a NaN, once taken, is never replaced
     if op == "max":
         return RowOp(
