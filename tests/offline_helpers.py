@@ -4,11 +4,13 @@ resource report for a generated CUDA source."""
 from __future__ import annotations
 
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kfoundry.core.problem import load_problem
 from kfoundry.runtime import load, synchronize
 
 
@@ -72,3 +74,35 @@ def nvcc_resources(source: str, defines: dict[str, Any], tmp_path: Path) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
+
+
+#: the pointwise launch's grid cap in a rendered graph recipe (tests cut it to cross the grid stride)
+GRID_CAP = "min(_cdiv(int(n), b), 8192)"
+
+
+def pointwise_problem(tmp: Path, forward: str, shapes: list[tuple[int, ...]]) -> Any:
+    """A KernelBench problem in ``tmp`` whose forward returns ``forward`` over random inputs ``x0, x1, ...``
+    of ``shapes``."""
+    args = ", ".join(f"x{i}" for i in range(len(shapes)))
+    inputs = ", ".join(f"torch.randn{s}" for s in shapes)
+    src = f"""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, {args}):
+                return {forward}
+
+        def get_inputs():
+            return [{inputs}]
+
+        def get_init_inputs():
+            return []
+        """
+    path = tmp / "problem.py"
+    path.write_text(textwrap.dedent(src))
+    return load_problem(path, {})

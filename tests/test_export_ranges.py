@@ -105,4 +105,6 @@ def test_calls_in_range_run_the_nearest_kernel_and_others_the_reference(package:
             assert torch.allclose(d(x), torch.softmax(x, 1), atol=1e-5), (b, n)
             assert d.last_choice == want, (b, n)
     assert [d.select(torch.rand(b, n))[0] for b, n in [(10, 300), (30, 999)]] == [0, 1]
-    assert len(caught) == 2  # one warning per kind of miss
+    # one warning per kind of miss (others, such as an OpenCL compiler's notes when a kernel builds here
+    # for the first time in the session, are not the dispatcher's)
+    assert len([w for w in caught if issubclass(w.category, dispatch.DispatchWarning)]) == 2

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import re
 import shutil
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,39 +20,11 @@ import torch
 from test_offline_cuda_emulated import emu_load
 
 import kfoundry.runtime as runtime
-from kfoundry.core.problem import Problem, load_problem
+from kfoundry.core.problem import Problem
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+from tests.offline_helpers import GRID_CAP, pointwise_problem
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-
-#: the pointwise launch's grid cap in the rendered recipe
-GRID_CAP = "min(_cdiv(int(n), b), 8192)"
-
-
-def _problem(tmp: Path, forward: str, shapes: list[tuple[int, ...]]) -> Problem:
-    args = ", ".join(f"x{i}" for i in range(len(shapes)))
-    inputs = ", ".join(f"torch.randn{s}" for s in shapes)
-    src = f"""
-        import torch
-        import torch.nn as nn
-        import torch.nn.functional as F
-
-        class Model(nn.Module):
-            def __init__(self):
-                super().__init__()
-
-            def forward(self, {args}):
-                return {forward}
-
-        def get_inputs():
-            return [{inputs}]
-
-        def get_init_inputs():
-            return []
-        """
-    path = tmp / "problem.py"
-    path.write_text(textwrap.dedent(src))
-    return load_problem(path, {})
 
 
 def _source(problem: Problem) -> tuple[str, dict[str, Any]]:
@@ -99,7 +70,7 @@ def test_quads_per_thread_match_eager_on_the_cpu_emulation(
     tmp_path: Path, forward: str, shapes: list[Any], vector: bool, qu: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runtime, "load", emu_load)
-    problem = _problem(tmp_path, forward, shapes)
+    problem = pointwise_problem(tmp_path, forward, shapes)
     source, defaults = _source(problem)
     source = source.replace(GRID_CAP, "min(_cdiv(int(n), b), 2)")
     params = {**defaults, "BLOCK": 8, "QU": qu}
@@ -149,7 +120,7 @@ def test_a_step_issues_every_quads_loads_before_its_first_store(
         return module
 
     monkeypatch.setattr(runtime, "load", traced_load)
-    problem = _problem(tmp_path, "F.leaky_relu(x0 + x1, 0.1)", [(5, 4, 12), (12,)])
+    problem = pointwise_problem(tmp_path, "F.leaky_relu(x0 + x1, 0.1)", [(5, 4, 12), (12,)])
     source, defaults = _source(problem)
     source = source.replace(GRID_CAP, "min(_cdiv(int(n), b), 1)")
     if merged:

@@ -8,49 +8,20 @@ against eager PyTorch."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from kfoundry.core.problem import Problem, load_problem
 from kfoundry.plugins.llms.offline import cookbook_graph
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.runtime import load, synchronize
+from tests.offline_helpers import GRID_CAP, pointwise_problem
 
 pytestmark = pytest.mark.usefixtures("pocl_runtime")
 
-#: the pointwise launch's grid cap in the rendered recipe, and the cap the test puts in its place
-GRID_CAP = "min(_cdiv(int(n), b), 8192)"
 TEST_CAP = "min(_cdiv(int(n), b), 2)"
-
-
-def _problem(tmp: Path, forward: str, shapes: list[tuple[int, ...]]) -> Problem:
-    args = ", ".join(f"x{i}" for i in range(len(shapes)))
-    inputs = ", ".join(f"torch.randn{s}" for s in shapes)
-    src = f"""
-        import torch
-        import torch.nn as nn
-        import torch.nn.functional as F
-
-        class Model(nn.Module):
-            def __init__(self):
-                super().__init__()
-
-            def forward(self, {args}):
-                return {forward}
-
-        def get_inputs():
-            return [{inputs}]
-
-        def get_init_inputs():
-            return []
-        """
-    path = tmp / "problem.py"
-    path.write_text(textwrap.dedent(src))
-    return load_problem(path, {})
 
 
 #: (forward, input shapes): pointwise chains over 1-4 dims, broadcasts, a permuted view, a global norm
@@ -78,7 +49,7 @@ def _run(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(got, expected) of graph/fused on PoCL with the grid cut to two work-groups; ``broken``: the 16-byte
     quads read the first element of each float4 four times (a wrong kernel, to show the path runs)."""
-    problem = _problem(tmp, forward, shapes)
+    problem = pointwise_problem(tmp, forward, shapes)
     recipe = cookbook_graph.recipe(OfflineGenerator().spec(problem.summary()), "opencl", "graph/fused", 1)
     source = recipe.render()
     assert GRID_CAP in source and "kf_qs0" in source, "the pointwise kernel or its launch changed shape"

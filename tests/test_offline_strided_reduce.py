@@ -30,12 +30,12 @@ SCHEDULES = ("graph/fused", "graph/fused_coop")
 
 #: (forward over the middle dim of the input, whether its result is an index)
 FORWARDS = [
-    ("torch.prod(x, dim=1)", False),
+    ("torch.prod(x.abs(), dim=1)", False),
     ("torch.argmin(x, dim=1)", True),
     ("torch.argmax(x, dim=1)", True),
     ("torch.softmax(x, dim=1)", False),
     ("torch.log_softmax(x, dim=1)", False),
-    # (an elementwise op with it: a plain sum / amax is the reduce family's, not the graph's)
+    # (an elementwise op with it: a plain sum / amax / prod is the reduce family's, not the graph's)
     ("torch.sum(x * 2.0, dim=1)", False),
     ("torch.amax(x, dim=1) + 1.0", False),
     ("torch.cumsum(x, dim=1)", False),
@@ -147,19 +147,19 @@ def test_few_outputs_keep_the_lanes(
 @pytest.mark.parametrize(
     ("forward", "shape", "lanes"),
     [
-        # KernelBench's argmin / prod / softmax over dim 1: 128 x 4095 outputs (64 x 4095 rows), strided
+        # KernelBench's argmin / prod (of |x|: a graph) / softmax over dim 1: 128 x 4095 outputs (64 x 4095 rows), strided
         ("torch.argmin(x, dim=1)", (128, 4096, 4095), False),
-        ("torch.prod(x, dim=1)", (128, 4096, 4095), False),
+        ("torch.prod(x.abs(), dim=1)", (128, 4096, 4095), False),
         ("torch.softmax(x, dim=1)", (64, 4096, 4095), False),
         # the same over the innermost dim: the lanes read contiguous terms
         ("torch.argmin(x, dim=2)", (128, 4095, 4096), True),
-        ("torch.prod(x, dim=2)", (128, 4095, 4096), True),
+        ("torch.prod(x.abs(), dim=2)", (128, 4095, 4096), True),
         ("torch.cumsum(x, dim=2)", (64, 4095, 4096), True),
         ("torch.cumsum(x, dim=1)", (64, 4096, 4095), False),
         # a trailing dim of one element: the reduced dim is the innermost in memory
-        ("torch.prod(x, dim=1)", (65536, 256, 1), True),
+        ("torch.prod(x.abs(), dim=1)", (65536, 256, 1), True),
         # strided with few outputs (4 x 64): a warp each still (the outputs alone cannot fill the GPU)
-        ("torch.prod(x, dim=1)", (4, 4096, 64), True),
+        ("torch.prod(x.abs(), dim=1)", (4, 4096, 64), True),
     ],
 )
 def test_warp_per_output_only_where_it_reads_contiguously(

@@ -676,6 +676,40 @@ def _cluster_parts(op: RowOp, decl: str, slot: str) -> tuple[str, str, str, str,
     return shfl, shared, save_w, load_w, bc_w, remote, out4
 
 
+def cluster_partials(op: RowOp, parts: tuple[str, ...]) -> str:
+    """C of a persistent cluster row kernel: the block's statistics (one per thread, in the caller's
+    scope) folded through warp shuffles and warp 0 into this row's slot ``part_<stat>[buf]``."""
+    shfl, _, save_w, load_w, bc_w, _, _ = parts
+    return f"""#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+        if (lane == 0) {{ {save_w} }}
+        __syncthreads();
+        if (warp == 0) {{
+            {load_w}
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
+            if (lane == 0) {{ {bc_w} }}
+        }}"""
+
+
+def cluster_totals(op: RowOp, parts: tuple[str, ...]) -> str:
+    """C after :func:`cluster_partials`: the next row's ticket (rank 0), the cluster barrier, the CL
+    partials merged in rank order into statistics declared here, ``next``, ``more`` and the family's final
+    values."""
+    remote = parts[5]
+    return f"""if (rank == 0 && threadIdx.x == 0) sh_next[buf] = (int)gridDim.y + atomicAdd(counter, 1);
+        // partials (and the next row) visible to the cluster; a slot written here is rewritten two rows
+        // on, after every block has passed the next barrier, so after every read of it
+        __cluster_barrier_arrive();
+        __cluster_barrier_wait();
+        {op.declare()}
+        #pragma unroll
+        for (int rk = 0; rk < CL; ++rk) {{ {remote} {op.merge} }}
+        const int next = *static_cast<int*>(__cluster_map_shared_rank(&sh_next[buf], 0));
+        const bool more = next < outer;
+        {op.final}"""
+
+
 def _cluster_rows(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
     """A cluster of CL blocks per row (sm_90): each block keeps its CL-th of the row in shared memory
     (float4 loads, UNROLL in flight), the row's statistics meet through warp shuffles, shared memory and
@@ -771,8 +805,8 @@ def _cluster_stream(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
     statistics (and the next row's number) sit in double-buffered shared slots read through distributed
     shared memory. Rows that do not split into float4 chunks of at most 200 KB run the warp kernel."""
     names = [n for n, _ in op.stats]
-    shfl, shared, save_w, load_w, bc_w, remote, out4 = _cluster_parts(op, "[2]", "[buf]")
-    out4 = f"{{ {out4} }}"
+    parts = _cluster_parts(op, "[2]", "[buf]")
+    shared, out4 = parts[1], f"{{ {parts[6]} }}"
     csig = sig.replace("int inner", "int inner, int* __restrict__ counter")
     kernel = f"""{warp.replace("void rows(", "void rows_warp(")}
 // ROW_LEN (the row length), CL (blocks per row), BLOCK and UNROLL are defined when the program is built
@@ -807,28 +841,9 @@ extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(BLOCK) r
         }}
     }}
     for (int buf = 0;; buf ^= 1) {{
-        #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
-        if (lane == 0) {{ {save_w} }}
-        __syncthreads();
-        if (warp == 0) {{
-            {load_w}
-            #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
-            if (lane == 0) {{ {bc_w} }}
-        }}
-        if (rank == 0 && threadIdx.x == 0) sh_next[buf] = (int)gridDim.y + atomicAdd(counter, 1);
-        // partials (and the next row) visible to the cluster; a slot written here is rewritten two rows
-        // on, after every block has passed the next barrier, so after every read of it
-        __cluster_barrier_arrive();
-        __cluster_barrier_wait();
+        {cluster_partials(op, parts)}
         {{
-            {op.declare()}
-            #pragma unroll
-            for (int rk = 0; rk < CL; ++rk) {{ {remote} {op.merge} }}
-            const int next = *static_cast<int*>(__cluster_map_shared_rank(&sh_next[buf], 0));
-            const bool more = next < outer;
-            {op.final}
+            {cluster_totals(op, parts)}
             float4* yr4 = reinterpret_cast<float4*>(Y + (size_t)row * ROW_LEN + (size_t)rank * CHUNK);
             const float4* xn4 = reinterpret_cast<const float4*>(X + (size_t)(more ? next : row) * ROW_LEN + (size_t)rank * CHUNK);
             {{

@@ -22,7 +22,14 @@ the copy's bytes are visible to a thread once its wait on the segment's mbarrier
 from __future__ import annotations
 
 from kfoundry.core.models import TunableSpace
-from kfoundry.plugins.llms.offline.cookbook_rows import _CLUSTER_PY, _cluster_parts, _cluster_size, _dims
+from kfoundry.plugins.llms.offline.cookbook_rows import (
+    _CLUSTER_PY,
+    _cluster_parts,
+    _cluster_size,
+    _dims,
+    cluster_partials,
+    cluster_totals,
+)
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.plugins.llms.offline.recognize import OpSpec
 from kfoundry.plugins.llms.offline.rowops import RowOp
@@ -59,7 +66,8 @@ static __device__ __forceinline__ void kf_bar_wait(unsigned long long* b, unsign
 
 def cluster_bulk(spec: OpSpec, op: RowOp, sig: str, warp: str) -> Recipe:
     """The recipe (CUDA, rows along the last dims, one output per input element)."""
-    shfl, shared, save_w, load_w, bc_w, remote, out4 = _cluster_parts(op, "[2]", "[buf]")
+    parts = _cluster_parts(op, "[2]", "[buf]")
+    shared, out4 = parts[1], parts[6]
     csig = sig.replace("int inner", "int inner, int* __restrict__ counter")
     kernel = f"""{warp.replace("void rows(", "void rows_warp(")}
 {BULK_HELPERS}
@@ -104,29 +112,10 @@ extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(BLOCK) r
                     if (c < SEG_N(s)) {{ const float4 q = kf_chunk[s * SEG4 + c]; {op.acc4} }}
                 }}
             }}
-            #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
-            if (lane == 0) {{ {save_w} }}
-            __syncthreads();
-            if (warp == 0) {{
-                {load_w}
-                #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {{ {shfl} {op.merge} }}
-                if (lane == 0) {{ {bc_w} }}
-            }}
+            {cluster_partials(op, parts)}
         }}
         phase ^= 1u;
-        if (rank == 0 && threadIdx.x == 0) sh_next[buf] = (int)gridDim.y + atomicAdd(counter, 1);
-        // partials (and the next row) visible to the cluster; a slot written here is rewritten two rows
-        // on, after every block has passed the next barrier, so after every read of it
-        __cluster_barrier_arrive();
-        __cluster_barrier_wait();
-        {op.declare()}
-        #pragma unroll
-        for (int rk = 0; rk < CL; ++rk) {{ {remote} {op.merge} }}
-        const int next = *static_cast<int*>(__cluster_map_shared_rank(&sh_next[buf], 0));
-        const bool more = next < outer;
-        {op.final}
+        {cluster_totals(op, parts)}
         float4* yr4 = reinterpret_cast<float4*>(Y + (size_t)row * ROW_LEN + (size_t)rank * CHUNK);
         const float4* xn4 = reinterpret_cast<const float4*>(X + (size_t)(more ? next : row) * ROW_LEN + (size_t)rank * CHUNK);
         // write the row segment by segment; once every thread has written a segment it takes the next row's
