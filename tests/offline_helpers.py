@@ -106,3 +106,20 @@ def pointwise_problem(tmp: Path, forward: str, shapes: list[tuple[int, ...]]) ->
     path = tmp / "problem.py"
     path.write_text(textwrap.dedent(src))
     return load_problem(path, {})
+
+
+#: Problems whose plain form is a family's (a product over one dim: the reduction cookbook's), with the
+#: edit that sends them to the graph lowering (an elementwise step in front: the same values, NaN too)
+AS_GRAPH = {"prod_over_dim.py": ("torch.prod(x, dim=self.dim)", "torch.prod(x.abs(), dim=self.dim)")}
+
+
+def graph_problem_path(path: Path, tmp: Path) -> Path:
+    """``path``, or where it is in :data:`AS_GRAPH`, its graph form written under ``tmp``."""
+    if path.name not in AS_GRAPH:
+        return path
+    plain, graph = AS_GRAPH[path.name]
+    text = path.read_text()
+    assert plain in text, path
+    out = tmp / path.name
+    out.write_text(text.replace(plain, graph))
+    return out

@@ -26,6 +26,7 @@ from kfoundry.plugins.llms.offline import cookbook_graph
 from kfoundry.plugins.llms.offline import lower as lowering
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.recipe import Recipe
+from tests.offline_helpers import graph_problem_path
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 SMALL: dict[str, dict[str, int]] = json.loads((DATA / "small_shapes.json").read_text())
@@ -71,22 +72,11 @@ CUDA_VARIANTS = (
 )
 
 
-#: Problems whose plain form is a family's (a product over one dim: the reduction cookbook's): their
-#: graph lowering is taken through an elementwise step in front (the same values; NaN and infinities too)
-AS_GRAPH = {"level1/prod_over_dim.py": ("torch.prod(x, dim=self.dim)", "torch.prod(x.abs(), dim=self.dim)")}
-
-
 def _coop_opencl(
     key: str, monkeypatch: pytest.MonkeyPatch, rb: int, tmp: Path | None = None
 ) -> tuple[Recipe, object]:
     monkeypatch.setattr(lowering, "LANE_MIN", 4)  # small shapes: take even short loops across the lanes
-    path = DATA / key
-    if key in AS_GRAPH and tmp is not None:
-        plain, graph = AS_GRAPH[key]
-        text = path.read_text()
-        assert plain in text, key
-        path = tmp / path.name
-        path.write_text(text.replace(plain, graph))
+    path = DATA / key if tmp is None else graph_problem_path(DATA / key, tmp)
     problem = load_problem(path, SMALL[key])
     spec = OfflineGenerator().spec(problem.summary())
     recipe = cookbook_graph.recipe(spec, "opencl", "graph/fused_coop", 2)

@@ -25,6 +25,7 @@ from kfoundry.plugins.llms.offline import lower as lowering
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.recipe import Recipe
 from kfoundry.runtime import load, set_backend, synchronize
+from tests.offline_helpers import graph_problem_path
 
 SCHEDULES = ("graph/fused", "graph/fused_coop")
 
@@ -194,12 +195,14 @@ STRIDED_PROBLEMS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", STRIDED_PROBLEMS)
-def test_strided_problems_are_correct_on_pocl(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strided_problems_are_correct_on_pocl(
+    key: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     data = Path(__file__).resolve().parent / "data" / "kernelbench"
     small = json.loads((data / "small_shapes.json").read_text())
     monkeypatch.setattr(lowering, "STRIDED_OUT_MIN", 8)
     monkeypatch.setattr(lowering, "LANE_MIN", 4)
-    problem = load_problem(data / key, small[key])
+    problem = load_problem(graph_problem_path(data / key, tmp_path), small[key])
     recipe = build(problem, "graph/fused_coop")
     assert "kf_lane" not in recipe.kernel
     with Evaluator(problem, fast_config(cache=False)) as evaluator:  # type: ignore[arg-type]
