@@ -241,6 +241,10 @@ CASES: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
     ("level1/argmax_dim.py", {}, "graph/fused_coop", {}),
     ("level1/cumsum_reverse.py", {}, "graph/fused_coop", {}),
     ("level1/cumprod.py", {}, "graph/fused_coop", {}),
+    # eight elements a lane per step: rows that end inside a step, and after whole steps
+    ("level1/cumprod.py", {}, "graph/fused_coop", {"KF_SU": 8}),
+    ("level1/cumsum_masked.py", {"batch_size": 3, "input_shape": 600}, "graph/fused_coop", {"KF_SU": 8}),
+    ("level1/cumsum_masked.py", {"batch_size": 2, "input_shape": 512}, "graph/fused_coop", {"KF_SU": 8}),
     ("level1/softmax_dim1_3d.py", {}, "graph/fused_coop", {}),
     ("level1/cosine_similarity_loss.py", {}, "graph/fused_coop", {}),
     ("level2/gemm_max_subtract_gelu.py", {}, "graph/fused_coop", {"RB": 4}),

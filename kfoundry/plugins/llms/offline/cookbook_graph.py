@@ -108,6 +108,9 @@ def recipe(spec: OpSpec, language: str, name: str, rank: int) -> Recipe:
     if "p['RG']" in forward:  # a fused row reduction: RG waves of persistent clusters (0: one per row)
         # on the H200 (session 13, l1/l2 norm 32768 x 65535): RG 0 9.06-9.17 ms, 32 9.35, 8 10.24, 2 15.1
         params["RG"], defaults["RG"] = [0, 2, 8, 32], 0
+    if coop and language == "cuda" and "KF_SU" in kernel.split("#define KF_SU", 1)[-1]:
+        # a warp scan (cumsum, cumprod): KF_SU x 32 elements of a row per step, their loads in flight together
+        params["KF_SU"], defaults["KF_SU"] = [4, 8], 4
     if "p['SW']" in forward:  # a normalisation stream: SW work-groups per SM, pieces of SP x 4096 elements
         # an H100 sweep (session 14, call 2): SW 3 at BLOCK 128 group norm 7.31 ms, instance norm 6.48 (SW 2 at
         # BLOCK 256, before: 7.40 and 7.57); BLOCK 512 was the slowest at every SW; SP 2 helped only at SW 2

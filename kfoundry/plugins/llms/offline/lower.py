@@ -17,7 +17,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -25,6 +25,9 @@ import torch.fx as fx
 from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.core.kernelbench_file import split_assignments
 from kfoundry.plugins.llms.offline.elementwise_ops import lit, node_expr, prelude
+
+if TYPE_CHECKING:
+    from kfoundry.plugins.llms.offline import lower_group
 
 Loader = Callable[[list[str]], str]
 
@@ -200,6 +203,9 @@ COOP_COMMON = """#ifndef ILP
 #endif
 #if RB % 2 != 0
 #error "RB must be even"
+#endif
+#ifndef KF_SU
+#define KF_SU 4
 #endif
 """
 
@@ -472,6 +478,9 @@ class Lowering:
         #: while set, a buffer's load asks it first: (C pointer, coords, C dims, ctype) -> its own expression
         #: of the load, or None for the plain one (``lower_split``'s float4 leaves)
         self.leaf_hook: Callable[[str, list[str], list[str], str], str | None] | None = None
+        #: sibling reductions held for one shared kernel (:mod:`.lower_group`), emitted before the next
+        #: kernel, the next ``forward`` line naming one of them, or the output
+        self.pending: list[lower_group.Pending] = []
 
     # -- symbols --------------------------------------------------------------------------------
 
@@ -529,12 +538,16 @@ class Lowering:
         return Val(shape, dims, load, py_shape, ctype, buffer=py)
 
     def fwd(self, line: str) -> None:
+        if self.pending and any(re.search(rf"\b{q.alias}\b", line) for q in self.pending):
+            _flush(self)
         self.sched.forward.append(line)
 
     # -- kernels --------------------------------------------------------------------------------
 
     def kernel(self, body: str, out_ctype: str, work_py: str, tag: str, launch_dims: str = "") -> str:
         """Add a kernel over ``work_py`` work items; returns the Python name of its output buffer ``y``."""
+        if self.pending:
+            _flush(self)
         name = f"k{self.nk}_{tag}"
         self.nk += 1
         used_ptrs = [p for p in self.ptrs if re.search(rf"\b{p}\b", body)]
@@ -1143,6 +1156,7 @@ class Lowering:
             if node in self.fused_into or node in self.vals:
                 continue
             if node.op == "output":
+                _flush(self)
                 self.output(node.args[0])
                 break
             n = self.order[node]
@@ -1255,6 +1269,13 @@ class Lowering:
 
         val = self.emit_pointwise(v.shape, v.py_shape, body, "out", v.ctype)
         self.sched.output = str(val.buffer)
+
+
+def _flush(L: Lowering) -> None:
+    """Emit the pending sibling reductions (:func:`.lower_group.flush`; imported here: it imports this)."""
+    from kfoundry.plugins.llms.offline import lower_group
+
+    lower_group.flush(L)
 
 
 def _shape(node: fx.Node) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
-from kfoundry.plugins.llms.offline import lower_conv, lower_scan, lower_split, lower_stats
+from kfoundry.plugins.llms.offline import lower_conv, lower_group, lower_scan, lower_split, lower_stats
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
@@ -635,6 +635,10 @@ def reduce(
             return lower_split.grid_reduce(  # a column reduction of a row-major buffer: a thread per column
                 L, decl, src, op, p, tag, out, rdims, (), count_py, "1", place, divide_by, column=True
             )
+        if L.fuse and lower_split.can_split(op, p):  # held for a sibling over the same space (one read)
+            fold = lower_split.Fold(None, src, op, p, tag, divide_by)
+            row_py = f"{S}[{dims[-1]}]"
+            return lower_group.defer(L, fold, dims, keep, out, rdims, count_py, row_py, place)
         if L.fuse:  # contiguous runs of a buffer: work-groups of 128-bit loads per piece
             blocked = lower_stats.block_reduce(L, decl, src, op, p, tag, out, dims, divide_by)
             if blocked is not None:
@@ -985,10 +989,11 @@ def _scan(L: Lowering, node: fx.Node) -> Val:
 def _warp_scan(
     L: Lowering, mul: bool, count: str, x: Callable[[str], str], store: Callable[[str, str], str]
 ) -> str:
-    """A row's inclusive scan across a warp: 4 x 32 elements per step (their loads in flight together),
-    each 32 scanned by shuffles and added to (multiplied into) the carry, a compensated (Kahan) carry for
-    sums. The next step's loads are issued before this step's shuffles (software pipelining: a warp's
-    DRAM latency overlaps its own scan, not only other warps')."""
+    """A row's inclusive scan across a warp: KF_SU x 32 elements per step (their loads in flight together;
+    KF_SU a template parameter, 4 unless the recipe sets it), each 32 scanned by shuffles and added to
+    (multiplied into) the carry, a compensated (Kahan) carry for sums. The next step's loads are issued
+    before this step's shuffles (software pipelining: a warp's DRAM latency overlaps its own scan, not only
+    other warps')."""
     r0, q = L.fresh("r"), L.fresh("q")
     one, scan = ("1.0f", "kf_wscan_mul") if mul else ("0.0f", "kf_wscan_add")
     step = (
@@ -1001,20 +1006,20 @@ def _warp_scan(
     def fetch(into: str, start: str) -> str:
         return (
             f"            #pragma unroll\n"
-            f"            for (int u = 0; u < 4; ++u) {{ const kf_long {q} = {start} + 32 * u + kf_lane; "
+            f"            for (int u = 0; u < KF_SU; ++u) {{ const kf_long {q} = {start} + 32 * u + kf_lane; "
             f"{into}[u] = {q} < (kf_long)({count}) ? ({x(q)}) : {one}; }}\n"
         )
 
     return (
         f"float carry = {one}, comp = 0.0f; (void)comp;\n"
-        f"        float nv[4];\n        {{\n{fetch('nv', '(kf_long)0')}        }}\n"
-        f"        for (kf_long {r0} = 0; {r0} < (kf_long)({count}); {r0} += 128) {{\n"
-        f"            float v[4];\n"
+        f"        float nv[KF_SU];\n        {{\n{fetch('nv', '(kf_long)0')}        }}\n"
+        f"        for (kf_long {r0} = 0; {r0} < (kf_long)({count}); {r0} += 32 * KF_SU) {{\n"
+        f"            float v[KF_SU];\n"
         f"            #pragma unroll\n"
-        f"            for (int u = 0; u < 4; ++u) v[u] = nv[u];\n"
-        f"            if ({r0} + 128 < (kf_long)({count})) {{\n{fetch('nv', f'({r0} + 128)')}            }}\n"
+        f"            for (int u = 0; u < KF_SU; ++u) v[u] = nv[u];\n"
+        f"            if ({r0} + 32 * KF_SU < (kf_long)({count})) {{\n{fetch('nv', f'({r0} + 32 * KF_SU)')}            }}\n"
         f"            #pragma unroll\n"
-        f"            for (int u = 0; u < 4; ++u) {{\n"
+        f"            for (int u = 0; u < KF_SU; ++u) {{\n"
         f"                const kf_long {q} = {r0} + 32 * u + kf_lane;\n"
         f"                v[u] = {scan}(v[u]);\n"
         f"                if ({q} < (kf_long)({count})) {store(q, out)}\n"

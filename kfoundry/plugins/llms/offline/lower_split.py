@@ -134,11 +134,27 @@ def _py_size(L: Lowering) -> Callable[[str], str]:
     return lambda c: f"({by_name.get(c, c.strip('()'))})"
 
 
+@dataclass(frozen=True)
+class Fold:
+    """One reduction of a :func:`grid_reduce_group`: ``op`` (``p``: a norm's) of ``src``'s terms, its
+    output shape variable ``S{tag}``, applying ``node``'s epilogue chain on store (None: no epilogue)."""
+
+    node: fx.Node | None
+    src: Val
+    op: str
+    p: float
+    tag: str
+    divide_by: str = ""
+
+
+def _acc_names(n_folds: int) -> Callable[[int, int], str]:
+    """The name of fold ``m``'s ``k``-th accumulator (``s0``..``s3`` where the group has one fold)."""
+    return (lambda m, k: f"s{k}") if n_folds == 1 else (lambda m, k: f"a{m}_{k}")
+
+
 def _row_loop(
     L: Lowering,
-    src: Val,
-    comb: str,
-    term: Callable[[str], str],
+    folds: list[Fold],
     tag: str,
     ocs: list[str],
     rdims: list[str],
@@ -147,11 +163,15 @@ def _row_loop(
     in_coords: Callable[[list[str], list[str]], list[str]],
 ) -> str:
     """The piece's rows: the float4 step over each row's first ``n & ~3`` terms where every leaf it reads
-    four at a time is 16-byte aligned (:class:`_Quads`), the scalar loop over the rest of the row."""
+    four at a time is 16-byte aligned (:class:`_Quads`: a buffer two folds read is loaded once), the scalar
+    loop over the rest of the row; each fold ``m`` into its accumulators ``acc(m, 0..3)``."""
     outer = rdims[:-1]
     rcs = [f"rc{k}" for k in range(len(outer))]
     rdecomp = decompose("rr", outer, rcs, nrows) if outer else ""
-    x = src.load(in_coords(ocs, [*rcs, "j"]))
+    acc = _acc_names(len(folds))
+    ops = [_fold_ops(L.lang, f.op, f.p) for f in folds]
+    tvs = [f"({term('v')})" for _, _, term in ops]  # each fold's term of the element ``v``
+    xs = [f.src.load(in_coords(ocs, [*rcs, "j"])) for f in folds]
     py = _py_size(L)
     ranges = {c: f"S{tag}[{k}]" for k, c in enumerate(ocs)} | {
         c: py(d) for c, d in zip(rcs, outer, strict=True)
@@ -159,7 +179,7 @@ def _row_loop(
     quads = _Quads(ranges | dict.fromkeys(LANES, py(rdims[-1])), py)
     L.leaf_hook = quads
     try:
-        lanes = [src.load(in_coords(ocs, [*rcs, e])) for e in LANES]
+        lanes = [[f.src.load(in_coords(ocs, [*rcs, e])) for e in LANES] for f in folds]
     finally:
         L.leaf_hook = None
     step = ""
@@ -171,11 +191,11 @@ def _row_loop(
         used = " ".join(
             f"const int {e} = kf_i + {k};"
             for k, e in enumerate(LANES)
-            if any(re.search(rf"\b{e}\b", v) for v in lanes)
+            if any(re.search(rf"\b{e}\b", v) for vs in lanes for v in vs)
         )
-        tv = f"({term('v')})"
-        terms = " ".join(
-            f"{{ const float v = {v}; {comb.format(a=f's{k}', b=tv)} }}" for k, v in enumerate(lanes)
+        terms = "\n                    ".join(
+            " ".join(f"{{ const float v = {v}; {comb.format(a=acc(m, k), b=tv)} }}" for k, v in enumerate(vs))
+            for m, (vs, (_, comb, _), tv) in enumerate(zip(lanes, ops, tvs, strict=True))
         )
         aligned = " | ".join(f"(size_t)kf_p{k}" for k in range(nq))
         head = "const int kf_i = kf_j + 4 * BLOCK * u; if (u == 0 || kf_i < kf_n4)"
@@ -193,13 +213,19 @@ def _row_loop(
             kf_j0 = kf_n4;
         }}
 """
+    tail = " ".join(
+        f"{{ const float v = {x}; {comb.format(a=acc(m, 0), b=tv)} }}"
+        for m, (x, (_, comb, _), tv) in enumerate(zip(xs, ops, tvs, strict=True))
+    )
+    if len(folds) == 1:
+        tail = tail[2:-2]
     return f"""    const kf_long r0 = piece * (kf_long){rp};
     const kf_long r1 = r0 + (kf_long){rp} < (kf_long){nrows} ? r0 + (kf_long){rp} : (kf_long){nrows};
     const int kf_n = (int){rdims[-1]}, kf_n4 = kf_n & ~3;
     for (kf_long rr = r0; rr < r1; ++rr) {{
 {rdecomp}        int kf_j0 = 0;
 {step}        #pragma unroll 4
-        for (int j = kf_j0 + t; j < kf_n; j += BLOCK) {{ const float v = {x}; {comb.format(a="s0", b=f"({term('v')})")} }}
+        for (int j = kf_j0 + t; j < kf_n; j += BLOCK) {{ {tail} }}
     }}"""
 
 
@@ -358,7 +384,25 @@ def grid_reduce(
     (:func:`_column_reduce`)."""
     if column:
         return _column_reduce(L, node, src, op, p, tag, out, rdims, count_py, in_coords, divide_by)
-    init, comb, term = _fold_ops(L.lang, op, p)
+    fold = Fold(node, src, op, p, tag, divide_by)
+    return grid_reduce_group(L, [fold], out, rdims, rshape, count_py, row_py, in_coords)[0]
+
+
+def grid_reduce_group(
+    L: Lowering,
+    folds: list[Fold],
+    out: tuple[int, ...],
+    rdims: list[str],
+    rshape: tuple[int, ...],
+    count_py: str,
+    row_py: str,
+    in_coords: Callable[[list[str], list[str]], list[str]],
+) -> list[Val]:
+    """:func:`grid_reduce` of several folds over one iteration space (sibling reductions: every source
+    of the same shape, reduced over the same dims) in ONE first-stage kernel: a piece's terms are read
+    once for all folds (a buffer two folds read, once), each fold into its own accumulators and its own
+    slice of the partials; then each fold's second stage. The sizes are the first fold's (its ``tag``)."""
+    tag = folds[0].tag
     row_mode = len(rshape) >= 1 and rshape[-1] >= ROW_MIN
     rowlen_py = row_py if row_mode else "1"
     # W: outputs, terms per output, rows per output, pieces per output, rows per piece
@@ -374,54 +418,99 @@ def grid_reduce(
     odims = L.shape_dims(f"S{tag}", out)
     ocs = [f"o{k}" for k in range(len(out))]
     odecomp = decompose("oi", odims, ocs, outs) if out else ""
+    acc = _acc_names(len(folds))
+    ops = [_fold_ops(L.lang, f.op, f.p) for f in folds]
     if row_mode:
-        loop = _row_loop(L, src, comb, term, tag, ocs, rdims, nrows, rp, in_coords)
+        loop = _row_loop(L, folds, tag, ocs, rdims, nrows, rp, in_coords)
     else:
         rcs = [f"rc{k}" for k in range(len(rdims))]
         rdecomp = decompose("q", rdims, rcs, cnt) if rdims else ""
-        x = src.load(in_coords(ocs, rcs))
+        tvs = [f"({term('v')})" for _, _, term in ops]
+        terms = " ".join(
+            f"{{ const float v = {f.src.load(in_coords(ocs, rcs))}; {comb.format(a=acc(m, 0), b=tv)} }}"
+            for m, (f, (_, comb, _), tv) in enumerate(zip(folds, ops, tvs, strict=True))
+        )
         loop = f"""    const kf_long q0 = piece * (kf_long){rp};
     const kf_long q1 = q0 + (kf_long){rp} < (kf_long){cnt} ? q0 + (kf_long){rp} : (kf_long){cnt};
     for (kf_long q = q0 + t; q < q1; q += BLOCK) {{
-{rdecomp}        const float v = {x}; {comb.format(a="s0", b=f"({term('v')})")}
+{rdecomp}        {terms[2:-2] if len(folds) == 1 else terms}
     }}"""
-    fold = _fold(L.lang, comb, init)
+    heads, finals = [], []
+    for m, (init, comb, _) in enumerate(ops):
+        a = [acc(m, k) for k in range(4)]
+        heads.append(f"    float {', '.join(f'{x} = {init}' for x in a)};")
+        merge = f"{comb.format(a=a[0], b=a[1])} {comb.format(a=a[2], b=a[3])} {comb.format(a=a[0], b=a[2])}"
+        at = "blk" if m == 0 else f"(kf_long){m} * ({outs} * (kf_long){G}) + blk"
+        finals.append(
+            f"""    {merge}
+    float s = {a[0]};
+{_fold(L.lang, comb, init)}
+    if (t == 0) y[{at}] = s;"""
+            if len(folds) == 1
+            else f"""    {{
+    {merge}
+    float s = {a[0]};
+{_fold(L.lang, comb, init)}
+    if (t == 0) y[{at}] = s;
+    }}
+    KF_BARRIER;"""
+        )
+    heads_text, finals_text = "\n".join(heads), "\n".join(finals)
     text = f"""{_scratch(L.lang)}
     const int t = KF_LID(0);
     const kf_long blk = KF_GRP(0), oi = blk / (kf_long){G}, piece = blk - oi * (kf_long){G};
-{odecomp}    float s0 = {init}, s1 = {init}, s2 = {init}, s3 = {init};
+{odecomp}{heads_text}
 {loop}
-    {comb.format(a="s0", b="s1")} {comb.format(a="s2", b="s3")} {comb.format(a="s0", b="s2")}
-    float s = s0;
-{fold}
-    if (t == 0) y[blk] = s;"""
+{finals_text}"""
+    n = len(folds)
     idx = L.nk
-    L.fwd(f"b{idx} = torch.empty(max(1, W{tag}[0] * W{tag}[3]), dtype=torch.float32, device=dev)")
+    times = f"{n} * " if n > 1 else ""
+    L.fwd(f"b{idx} = torch.empty(max(1, {times}W{tag}[0] * W{tag}[3]), dtype=torch.float32, device=dev)")
     launch = f"grid=(max(1, W{tag}[0] * W{tag}[3]), 1, 1), block=(p['BLOCK'], 1, 1)"
-    parts = L.ptr(L.kernel(text, "float", "", f"{op}gpart", launch_dims=launch))
+    what = folds[0].op if n == 1 else "group"
+    parts = L.ptr(L.kernel(text, "float", "", f"{what}gpart", launch_dims=launch))
     L.fwd(L.sched.kernels[-1].launch)
+    return [_final_stage(L, f, m, parts, tag, out, odims, (outs, cnt, G)) for m, f in enumerate(folds)]
+
+
+def _final_stage(
+    L: Lowering,
+    fold: Fold,
+    m: int,
+    parts: str,
+    wtag: str,
+    out: tuple[int, ...],
+    odims: list[str],
+    sizes: tuple[str, str, str],
+) -> Val:
+    """Fold ``m``'s second stage: a work-group per output folds its ``G`` partials (slice ``m`` of
+    ``parts``) in a fixed order and applies the finish and the epilogue (``sizes``: the C outputs, terms
+    per output and pieces per output of the group's sizes ``W{wtag}``)."""
+    outs, cnt, G = sizes
+    init, comb, _ = _fold_ops(L.lang, fold.op, fold.p)
     coords = [f"c{k}" for k in range(len(out))]
-    store, ctype, _ = L.epilogue(node, out, coords, "float")
+    store, ctype, _ = L.epilogue(fold.node, out, coords, "float")
     decomp = decompose("row", odims, coords, outs) if out else ""
-    fin = _finish(L.lang, op, p, cnt, divide_by)
+    fin = _finish(L.lang, fold.op, fold.p, cnt, fold.divide_by)
+    base = f"{parts} + row * (kf_long){G}" + (f" + (kf_long){m} * ({outs} * (kf_long){G})" if m else "")
     text = f"""{_scratch(L.lang)}
     const int t = KF_LID(0);
     const kf_long row = KF_GRP(0);
     float s = {init};
-    KF_G const float* kf_pp = {parts} + row * (kf_long){G};
+    KF_G const float* kf_pp = {base};
     #pragma unroll 8
     for (int i = t; i < {G}; i += BLOCK) {{ const float v = kf_pp[i]; {comb.format(a="s", b="v")} }}
-{fold}
+{_fold(L.lang, comb, init)}
     if (t == 0) {{
 {decomp}        float acc = s;{fin}
         y[row] = {store};
     }}"""
     idx = L.nk
-    L.fwd(f"b{idx} = torch.empty(S{tag}, dtype=torch.float32, device=dev)")
-    launch = f"grid=(max(1, W{tag}[0]), 1, 1), block=(p['BLOCK'], 1, 1)"
-    name = L.kernel(text, ctype, "", op, launch_dims=launch)
+    L.fwd(f"b{idx} = torch.empty(S{fold.tag}, dtype=torch.float32, device=dev)")
+    launch = f"grid=(max(1, W{wtag}[0]), 1, 1), block=(p['BLOCK'], 1, 1)"
+    name = L.kernel(text, ctype, "", fold.op, launch_dims=launch)
     L.fwd(L.sched.kernels[-1].launch)
-    return L.buffer_val(name, out, f"S{tag}", ctype)
+    return L.buffer_val(name, out, f"S{fold.tag}", ctype)
 
 
 def online_lse(head: str, x: Callable[[str], str], var: str, lanes: bool, exp: str, log: str) -> str:
