@@ -123,3 +123,13 @@ def graph_problem_path(path: Path, tmp: Path) -> Path:
     out = tmp / path.name
     out.write_text(text.replace(plain, graph))
     return out
+
+
+def slow_volumes(cases: list[tuple[str, tuple[int, ...]]], keep: int = 1) -> list[Any]:
+    """``(layer, shape)`` cases with the 3-D ones (5-D shapes: the slowest on PoCL) marked ``slow`` but
+    the last ``keep`` of them: the default run keeps one volume case, the slow tier has them all."""
+    import pytest
+
+    volumes = [k for k, (_, shape) in enumerate(cases) if len(shape) == 5]
+    slow = set(volumes[: len(volumes) - keep]) if keep else set(volumes)
+    return [pytest.param(*c, marks=pytest.mark.slow) if k in slow else c for k, c in enumerate(cases)]

@@ -22,6 +22,7 @@ from kfoundry.plugins.backends.cuda_compile import nvrtc_available
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
 from kfoundry.plugins.llms.offline.index_width import adapt
 from kfoundry.runtime import load, synchronize
+from tests.offline_helpers import slow_volumes
 
 _GEN = OfflineGenerator()
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
@@ -97,7 +98,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("layer", "shape"), CASES)
+@pytest.mark.parametrize(("layer", "shape"), slow_volumes(CASES))
 def test_pool_matches_eager_in_every_schedule(tmp_path: Path, layer: str, shape: tuple[int, ...]) -> None:
     problem = _problem(tmp_path, layer, shape, nan=layer.startswith("nn.Max"))
     for recipe in _graph_recipes(problem):
@@ -175,7 +176,8 @@ POOL_ROWS = sorted(
 
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC not installed (extra `cuda`)")
 @pytest.mark.parametrize(
-    "key", [k if "level1" in k else pytest.param(k, marks=pytest.mark.slow) for k in POOL_ROWS]
+    "key",
+    [k if "level1" in k and "3d" not in k else pytest.param(k, marks=pytest.mark.slow) for k in POOL_ROWS],
 )
 def test_real_size_cuda_pool_kernels_compile_with_nvrtc(key: str) -> None:
     """Every graph recipe of the KernelBench pooling rows at their real sizes (and forced 64-bit) builds

@@ -21,7 +21,7 @@ import torch
 
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from tests.offline_helpers import nvcc_resources, run_against_eager
+from tests.offline_helpers import nvcc_resources, run_against_eager, slow_volumes
 
 _GEN = OfflineGenerator()
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
@@ -85,7 +85,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("layer", "shape"), CASES)
+@pytest.mark.parametrize(("layer", "shape"), slow_volumes(CASES))
 def test_vector_path_matches_eager(tmp_path: Path, layer: str, shape: tuple[int, ...]) -> None:
     problem = _problem(tmp_path, layer, shape, nan=layer.startswith("nn.Max"))
     recipes = [r for r in _GEN.recipes(problem.summary(), "opencl") if r.name.startswith("graph/")]
@@ -119,7 +119,9 @@ VEC_ROWS = sorted(f"level1/{p.name}" for p in (DATA / "level1").glob("*pool*d.py
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("key", VEC_ROWS)
+@pytest.mark.parametrize(
+    "key", [k if "3d" not in k else pytest.param(k, marks=pytest.mark.slow) for k in VEC_ROWS]
+)
 def test_real_size_vector_kernels_build_without_spills(key: str, tmp_path: Path) -> None:
     """The KernelBench level-1 pooling rows (every one has a vector path, taken where its rows allow):
     every graph recipe builds for sm_90 with no spills and no local-memory stack."""
