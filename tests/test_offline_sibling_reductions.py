@@ -31,6 +31,8 @@ CASES = [
     ("(x0 * x1).sum() + x0.abs().amax() - (x1 * x1).mean() + x0.amin()", [(96, 100), (96, 100)], 1),
     # the second reads the first's value: two first stages, in order
     ("(x0 - x0.amax(dim=-1, keepdim=True)).exp().sum(dim=-1)", [(2, 12000)], 2),
+    # a matrix product of the pending value: its kernel names its output before the group is emitted
+    ("x0.amax(dim=-1).unsqueeze(0) @ x1 + x0.sum(dim=-1).unsqueeze(0) @ x1", [(4, 9000), (4, 5)], 2),
     # the L2 norms of two inputs over the middle and last dims (rows of 4100: quads and a scalar tail)
     ("x0.norm(dim=(1, 2)) * x1.abs().sum(dim=(1, 2))", [(2, 3, 4100), (2, 3, 4100)], 1),
 ]

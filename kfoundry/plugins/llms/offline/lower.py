@@ -481,6 +481,7 @@ class Lowering:
         #: sibling reductions held for one shared kernel (:mod:`.lower_group`), emitted before the next
         #: kernel, the next ``forward`` line naming one of them, or the output
         self.pending: list[lower_group.Pending] = []
+        self.flushes = 0
 
     # -- symbols --------------------------------------------------------------------------------
 

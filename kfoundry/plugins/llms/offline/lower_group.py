@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 #: at most this many folds in one group (each holds four accumulators a thread)
 MAX_FOLDS = 4
 
+#: the kernels of the n-th flush are numbered from n * FLUSH_BASE (a schedule has far fewer kernels)
+FLUSH_BASE = 1000
+
 
 @dataclass(frozen=True)
 class Pending:
@@ -90,6 +93,17 @@ def flush(L: Lowering) -> None:
     group, L.pending = L.pending, []
     if not group:
         return
+    # the flush may run inside another kernel's emission, after it named its output ``b{L.nk}``: the
+    # group's kernels and buffers take numbers of their own (a block per flush) and leave L.nk as it was
+    saved, L.flushes = L.nk, L.flushes + 1
+    L.nk = FLUSH_BASE * L.flushes
+    try:
+        _emit(L, group)
+    finally:
+        L.nk = saved
+
+
+def _emit(L: Lowering, group: list[Pending]) -> None:
     head = group[0]
     for q in group[1:]:
         if q.fold.src.py_shape != head.fold.src.py_shape:
