@@ -296,6 +296,7 @@ def test_evaluator_judges_a_sycl_candidate(sycl_entry_point: None, tmp_path: Pat
     assert bad.outcome is Outcome.mismatch, bad.message
 
 
+@pytest.mark.slow  # 12 s; .ci/run runs it with the slow subset
 def test_the_naive_softmax_seed_is_correct(sycl_entry_point: None, tmp_path: Path) -> None:
     """The seed the optimize loop measures its SYCL speedups against ("x faster than the naive seed")."""
     problem = load_problem(EXAMPLES / "kernelbench" / "softmax.py", {"batch_size": 16, "dim": 512})
