@@ -65,6 +65,11 @@ CASES = {
     "celu": ("F.celu(x, alpha=0.6)", lambda x: np.where(x > 0, x, 0.6 * np.expm1(x / 0.6))),
     "mish": ("F.mish(x)", lambda x: x * np.tanh(np.log1p(np.exp(x)))),
     "divide": ("x / 0.7 - x / 3.0", lambda x: x / 0.7 - x / 3.0),
+    # the logistic family through kf_softplus: the module, log-sigmoid, and log1p(exp(.)) as written
+    "logistic": (
+        "F.softplus(x) - F.logsigmoid(x * 0.5) + torch.log1p(torch.exp(-x)) * 0.25",  # terms >= 0
+        lambda x: np.logaddexp(0.0, x) + np.logaddexp(0.0, -x * 0.5) + np.logaddexp(0.0, -x) * 0.25,
+    ),
 }
 
 
@@ -102,6 +107,9 @@ def test_division_by_a_number_is_a_product() -> None:
     assert exprs[0] == f"(x * {float(np.float32(1 / 0.6))!r}f)"
     assert exprs[1] == "(x / y)"  # a tensor divisor stays a division
     assert exprs[2] == "(x / 0.0)"  # as does a zero (inf / NaN as torch)
+    # a float argument of the kernel (a mean's count): a product with its reciprocal, computed once
+    args = {divs[1].args[1]: "f0", divs[1].args[0]: "x"}
+    assert node_expr(divs[1], gm, lambda a: args.get(a, str(a)), "cuda") == "(x * (1.0f / f0))"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -111,6 +119,8 @@ def test_opencl_recipes_within_a_few_ulps(pocl_runtime: None, tmp_path: Path, na
     assert recipes
     if name in ("expm1", "celu"):
         assert all("kf_expm1(" in r.kernel and "KF_EXPM1_DEFINED" in r.kernel for r in recipes)
+    if name == "logistic":  # no log1p of an exp is left (the helper's own text aside)
+        assert all(r.kernel.count("kf_softplus(") >= 4 and "log1p(exp" not in r.kernel for r in recipes)
     x = problem.make_inputs(1)[0].double().numpy()
     with np.errstate(all="ignore"):
         truth = CASES[name][1](x)
@@ -177,6 +187,7 @@ HELPERS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float, float]] = {
     "kf_tanh": (np.tanh, 2.0, 0.35),
     "kf_rcp": (lambda x: 1.0 / x, 0.51, 0.3),
     "kf_mish": (lambda x: x * np.tanh(np.log1p(np.exp(x))), 4.0, 0.6),
+    "kf_softplus": (lambda x: np.logaddexp(0.0, x), 3.6, 0.5),
 }
 
 
@@ -324,7 +335,9 @@ __kernel void both(__global const float* X, __global float* A, __global float* B
 
 
 def prelude_of(expr: str) -> str:
-    return "".join(helper_source(n, "opencl") for n in ("kf_expm1", "kf_mish") if f"{n}(" in expr)
+    return "".join(
+        helper_source(n, "opencl") for n in ("kf_expm1", "kf_mish", "kf_softplus") if f"{n}(" in expr
+    )
 
 
 def test_selects_leave_other_text_alone() -> None:

@@ -29,6 +29,7 @@ CASES = {
     "sigmoid": ("(1.0f * KF_RCP1P(1.0f + expf((-x))))", "1.0 / (1.0 + exp(-x))", 4.0, 0.25),
     "silu": ("(x * KF_RCP1P(1.0f + expf((-x))))", "x / (1.0 + exp(-x))", 23.0, 0.3),
     "kf_mish": ("kf_mish(x)", "x * tanh(log1p(exp(x)))", 6.0, 0.45),
+    "kf_softplus": ("kf_softplus(x)", "(x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x)))", 4.5, 0.5),
 }
 
 _PROGRAM = r"""
@@ -87,7 +88,8 @@ int main() {
 def test_cuda_helpers_for_every_float(name: str, tmp_path: Path) -> None:
     got, truth, max_ulps, rms_ulps = CASES[name]
     major, minor = torch.cuda.get_device_capability()
-    head = "#define FAST 1\n" + KF_FAST + "".join(helper_source(n, "cuda") for n in ("kf_expm1", "kf_mish"))
+    helpers = ("kf_expm1", "kf_mish", "kf_softplus")
+    head = "#define FAST 1\n" + KF_FAST + "".join(helper_source(n, "cuda") for n in helpers)
     src = tmp_path / "acc.cu"
     src.write_text(head + _PROGRAM.replace("GOT", got).replace("TRUTH", truth))
     exe = tmp_path / "acc"

@@ -36,6 +36,7 @@ _FUNCTIONS = {
     "kf_expm1": "(tl.exp({0}) - 1.0)",
     "kf_mish": "tl.where(({0}) > 20.0, ({0}), ({0}) * (1.0 - 2.0 / (tl.exp({0}) * (tl.exp({0}) + 2.0) + 2.0)))",
     "log1p": "tl.log(1.0 + ({0}))",
+    "kf_softplus": "(tl.maximum({0}, 0.0) + tl.log(1.0 + tl.exp(-tl.abs({0}))))",
     "log10": "(tl.log({0}) * 0.4342944819032518)",
     "tan": "(tl.sin({0}) / tl.cos({0}))",
     "fmax": "tl.maximum({0}, {1})",
