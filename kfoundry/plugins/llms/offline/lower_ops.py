@@ -890,11 +890,9 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
         at = lambda q: [*c[:d], q, *c[d + 1 :]]  # noqa: E731
         x = lambda q: src.load(at(q))  # noqa: E731
         ln = L.lanes(src.shape[d], src.shape, [d])
-        if ln:
-            s = extreme_loop(L, "mx", R, x, ">", True) + "\n        "
-            s += chunked_sum(L, "den", R, lambda q: f"{f('exp')}(({x(q)}) - mx)", lanes=ln)
-        else:  # a thread per row: the max and the sum in one read, the row read twice in all
-            s = _online_max_sum(L, R, x, f("exp"))
+        # the max and the sum in one read (a warp per row: each lane's pair, merged), the row read twice in all
+        online = _lane_online_max_sum if ln else _online_max_sum
+        s = online(L, R, x, f("exp"))
         w = L.fresh("r")
         # one division per row: each element is multiplied by the sum's reciprocal (within an ulp)
         val = f"(({x(w)}) - mx - {f('log')}(den))" if log else f"({f('exp')}(({x(w)}) - mx) * rden)"
@@ -904,18 +902,37 @@ def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim:
     return L.emit_rows(src.shape, f"S{n}", [d], body, "logsoftmax" if log else "softmax", node=node)
 
 
+def _online_step(v: str, exp: str) -> str:
+    """One term ``v`` of the running (``mx``, ``den``): the sum rescaled when the max grows, -inf adding
+    nothing, a NaN or +inf term making ``den`` NaN, as the two-pass sum's exp(inf - inf) does (torch's row
+    of NaNs)."""
+    return (
+        f"if ({v} > mx || {v} != {v}) {{ den = ({v} != {v} || {v} == INFINITY) ? {v} - {v} : "
+        f"den * {exp}(mx - {v}) + 1.0f; mx = {v}; }} else if ({v} != -INFINITY) den += {exp}({v} - mx);"
+    )
+
+
 def _online_max_sum(L: Lowering, count: str, x: Callable[[str], str], exp: str) -> str:
-    """``float mx, den``: the max of ``x(q)`` for q < count and the sum of exp(x - mx), in ONE read (the
-    sum rescaled when the max grows; -inf terms add nothing), four loads in flight. A NaN or +inf term
-    makes ``den`` NaN, as the two-pass sum's exp(inf - inf) does (torch's row of NaNs)."""
+    """``float mx, den``: the max of ``x(q)`` for q < count and the sum of exp(x - mx), in ONE read
+    (:func:`_online_step`), eight loads in flight."""
+    return "float mx = -INFINITY, den = 0.0f;\n        " + unrolled_loop(
+        L, count, x, lambda v, _: _online_step(v, exp)
+    )
 
-    def step(v: str, _: str) -> str:
-        return (
-            f"if ({v} > mx || {v} != {v}) {{ den = ({v} != {v} || {v} == INFINITY) ? {v} - {v} : "
-            f"den * {exp}(mx - {v}) + 1.0f; mx = {v}; }} else if ({v} != -INFINITY) den += {exp}({v} - mx);"
-        )
 
-    return "float mx = -INFINITY, den = 0.0f;\n        " + unrolled_loop(L, count, x, step)
+def _lane_online_max_sum(L: Lowering, count: str, x: Callable[[str], str], exp: str) -> str:
+    """:func:`_online_max_sum` across the 32 lanes of a warp (each lane's terms strided by 32), the lanes'
+    pairs merged: the warp's max, each sum rescaled to it (a lane of -inf terms adds 0, a NaN max or sum
+    spreads), then summed. Every lane ends with the row's ``mx`` and ``den``: the row is read once for
+    both, where a max loop and then a sum loop read it twice (from DRAM where the rows in flight
+    overflow L2)."""
+    q = L.fresh("q")
+    return (
+        f"float mx = -INFINITY, den = 0.0f;\n        {row_loop(q, count, True)} "
+        f"{{ const float v = {x(q)}; {_online_step('v', exp)} }}\n        "
+        f"{{ const float mw = kf_wmax(mx); den = mx == -INFINITY ? 0.0f : (mx == mw ? den : den * "
+        f"{exp}(mx - mw)); den = kf_wsum(den); mx = mw; }}"
+    )
 
 
 def _softmax_fn(L: Lowering, node: fx.Node) -> Val:
