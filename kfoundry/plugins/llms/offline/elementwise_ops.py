@@ -162,10 +162,18 @@ _SUPPORT = {
     "cuda": """#ifndef KF_MUFU_DEFINED
 #define KF_MUFU_DEFINED
 static __device__ __forceinline__ float kf_ex2_approx(float x) {
+#ifdef __CUDA_ARCH__
     float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+#else  // host compilers (the tests' CPU emulation of the CUDA kernels)
+    return exp2f(x);
+#endif
 }
 static __device__ __forceinline__ float kf_rcp_approx(float x) {
+#ifdef __CUDA_ARCH__
     float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+#else
+    return 1.0f / x;
+#endif
 }
 #endif
 """,
@@ -200,16 +208,15 @@ def helper_source(name: str, lang: str) -> str:
     (its support code first, guarded too)."""
     guard = f"{name.upper()}_DEFINED"
     macros = _LANG_MACROS[lang]
-    out = (
-        _SUPPORT[lang]
-        + f"#ifndef {guard}\n#define {guard}\n#define KF_HELPER(Q, T) \\\n{MATH_HELPERS[name]}\n"
-    )
+    out = f"#ifndef {guard}\n#define {guard}\n#define KF_HELPER(Q, T) \\\n{MATH_HELPERS[name]}\n"
     out += "".join(f"#define {k} {v}\n" for k, v in macros.items())
     out += "".join(f"KF_HELPER({q})\n" for q in _INSTANCES[lang])
     if lang == "opencl":
         out += "#ifdef VW\nKF_HELPER(static inline __attribute__((overloadable)), floatv)\n#endif\n"
     out += "#undef KF_HELPER\n" + "".join(f"#undef {k.split('(')[0]}\n" for k in macros) + "#endif\n"
-    return out
+    # the macros are the helpers' own (KFH_*): defining and undefining them leaves a kernel's KF_FMA alone
+    names = "|".join(k.split("(")[0] for k in [*macros, "KF_HELPER"])
+    return _SUPPORT[lang] + re.sub(rf"\b({names})\b", lambda m: "KFH_" + m.group(1)[3:], out)
 
 
 def prelude(expr: str, lang: str) -> str:

@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.core.kernelbench_file import split_assignments
+from kfoundry.plugins.llms.offline.cookbook_elementwise import KF_FAST, fast_expr
 from kfoundry.plugins.llms.offline.elementwise_ops import lit, node_expr, prelude
 
 if TYPE_CHECKING:
@@ -1368,6 +1369,10 @@ def kernel_source(sched: Schedule, lang: str, coop: bool = False) -> str:
     # the warp helpers (kf_wsum, ...) also where a non-cooperative schedule's kernel folds with shuffles
     warp = coop or (lang == "cuda" and re.search(r"\bkf_w(sum|max|min|prod)\(", text) is not None)
     head = KERNEL_HEADER[lang] + (COOP_HEADER[lang] + COOP_COMMON if warp else "")
+    if lang == "cuda":  # tanh and the quotients by 1 + exp(..) on MUFU: the FAST elementwise forms
+        text = fast_expr(text)
+        if "KF_TANHF(" in text or "KF_RCP1P(" in text:
+            head += "#undef FAST\n#define FAST 1\n" + KF_FAST
     return head + prelude(text, lang) + text
 
 
