@@ -383,6 +383,8 @@ class Schedule:
     forward: list[str] = field(default_factory=list)
     output: str = ""
     n_inputs: int = 0
+    #: sources appended after every kernel (their macros reach no graph kernel): :mod:`.lower_mm_direct`
+    tail: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -454,6 +456,8 @@ class Lowering:
         self.lanes_used = False
         #: (output elements per matrix, batch) of each register-blocked product (the recipe sizes RB from them)
         self.mm_sizes: list[tuple[int, int]] = []
+        #: the variants (with a bias or not) of sgemm_warp's kernels in the source (:mod:`.lower_mm_direct`)
+        self.direct_mm: set[bool] = set()
         #: (output channels per group, output positions, images x groups) of each implicit-GEMM convolution
         self.conv_sizes: list[tuple[int, int, int]] = []
         #: node -> Val, PyVal, or a pending (values, indices) pair of torch.max/min (``lower_ops._Pending``)
@@ -1373,7 +1377,7 @@ def kernel_source(sched: Schedule, lang: str, coop: bool = False) -> str:
         text = fast_expr(text)
         if "KF_TANHF(" in text or "KF_RCP1P(" in text:
             head += "#undef FAST\n#define FAST 1\n" + KF_FAST
-    return head + prelude(text, lang) + text
+    return head + prelude(text, lang) + text + "".join(sched.tail)
 
 
 def forward_body(sched: Schedule) -> str:

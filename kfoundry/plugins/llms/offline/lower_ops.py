@@ -18,7 +18,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
-from kfoundry.plugins.llms.offline import lower_conv, lower_group, lower_scan, lower_split, lower_stats
+from kfoundry.plugins.llms.offline import (
+    lower_conv,
+    lower_group,
+    lower_mm_direct,
+    lower_scan,
+    lower_split,
+    lower_stats,
+)
 from kfoundry.plugins.llms.offline.elementwise_ops import fn, lit
 from kfoundry.plugins.llms.offline.lower import PyVal, Val, _shape, horner, ref_path, unflat
 
@@ -1375,6 +1382,9 @@ def _linear_common(L: Lowering, node: fx.Node, x: Val, w: Val, bias: Val | None,
     K = x.dims[-1]
     if L.fuse and math.prod(out[:-1]) >= 2 and out[-1] >= 2:
         S = f"S{n}"
+        direct = lower_mm_direct.linear(L, node, x, w, bias, out, S)
+        if direct is not None:
+            return direct
         lead = x.dims[:-1]
         M = " * ".join(f"(kf_long){d}" for d in lead) or "1"
         return L.emit_tiled_mm(
