@@ -18,7 +18,7 @@ import torch
 import kfoundry.runtime as runtime
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
-from tests.offline_helpers import nvcc_resources
+from tests.offline_helpers import nvcc_resources, run_against_eager
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench"
 
@@ -57,14 +57,5 @@ def test_graph_kernels_take_the_fast_forms(key: str, tmp_path: Path) -> None:
 def test_graph_fast_forms_match_eager_on_the_cpu_emulation(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "load", emu.emu_load)
     problem, recipe = _recipe(key)
-    torch.manual_seed(0)
-    reference = problem.make_reference()
-    inputs = problem.make_inputs(1)
-    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate"}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
-    torch.manual_seed(0)
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    with torch.no_grad():
-        expected = reference(*inputs)
-        got = model(*inputs)
+    got, expected = run_against_eager(problem, recipe)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

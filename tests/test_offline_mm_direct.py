@@ -18,6 +18,7 @@ import kfoundry.runtime as runtime
 from kfoundry.core.problem import load_problem
 from kfoundry.plugins.llms.offline import lower_mm_direct, lower_mm_warp
 from kfoundry.plugins.llms.offline.generator import OfflineGenerator
+from tests.offline_helpers import run_against_eager
 
 DATA = Path(__file__).resolve().parent / "data" / "kernelbench" / "level2"
 
@@ -77,14 +78,5 @@ def test_direct_linear_matches_eager_on_the_cpu_emulation(
     problem, recipe = _recipe(key, shape)
     for call in calls:
         assert call in recipe.forward or call in recipe.kernel, (key, call)
-    torch.manual_seed(0)
-    reference = problem.make_reference()
-    inputs = problem.make_inputs(1)
-    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate"}
-    exec(compile(recipe.render(), recipe.name, "exec"), namespace)  # noqa: S102 - the generator's own
-    torch.manual_seed(0)
-    model = namespace["ModelNew"](*problem.make_init_inputs())
-    with torch.no_grad():
-        expected = reference(*inputs)
-        got = model(*inputs)
+    got, expected = run_against_eager(problem, recipe)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
