@@ -94,8 +94,9 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
         try:
             problem, ref, inputs, expected, recipes = set_up(task)
         except Exception as exc:  # noqa: BLE001 - the problem's own fault, one line
-            oom = isinstance(exc, torch.cuda.OutOfMemoryError)  # beside other tasks: the timing process tries
-            conn.send(("unwarmed" if oom else "error", key, "", {"detail": _line(exc)}))
+            # beside other tasks (memory, a context the device would not give): the timing process tries
+            crowded = isinstance(exc, torch.cuda.OutOfMemoryError) or device_crowded(exc)
+            conn.send(("unwarmed" if crowded else "error", key, "", {"detail": _line(exc)}))
             failed = True
         if failed:  # what the failed set-up held is freed with its frame
             if device.type == "cuda":
@@ -151,6 +152,17 @@ def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> Non
 
 def _language(backend_name: str) -> str:
     return "cuda" if backend_name == "cuda" else "opencl"
+
+
+#: what a CUDA call reports when the device is short of something other workers hold, not the problem's
+#: fault: no context to be had (another process holds the device, or too many contexts), cuBLAS' handle
+#: not allocated, memory (session 16's call 3 lost 27 rows to these in the warm-up)
+CROWDED = ("busy or unavailable", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory")
+
+
+def device_crowded(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device was crowded (:data:`CROWDED`) rather than that the problem failed."""
+    return any(c in str(exc) for c in CROWDED)
 
 
 def _line(exc: BaseException) -> str:

@@ -279,3 +279,23 @@ def test_a_task_out_of_memory_beside_others_is_warmed_again_with_twice_its_estim
     assert first["a"]["mem"] == 1 << 20 and first["b"]["mem"] == 2 << 20  # "a" kept from the first try
     second = out["setup_oom"]
     assert second.error == "" and second.verdicts["a"]["mem"] == 4 << 20  # doubled, capped at the budget
+
+
+def test_a_crowded_device_is_not_the_problems_fault() -> None:
+    """A set-up that fails for want of a context, a cuBLAS handle or memory leaves the row to the timing
+    process ("unwarmed"); any other error is the problem's (the row reports it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_warm import device_crowded
+
+    busy = RuntimeError(
+        "CUDA error: CUDA-capable device(s) is/are busy or unavailable\nCUDA kernel errors ..."
+    )
+    assert device_crowded(busy)
+    assert device_crowded(
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    )
+    assert device_crowded(RuntimeError("CUDA error: out of memory"))
+    assert not device_crowded(
+        ValueError("kfoundry: sibling reductions traced over one shape got ((2,), (3,))")
+    )
+    assert not device_crowded(RuntimeError("CUDA error: an illegal memory access was encountered"))
