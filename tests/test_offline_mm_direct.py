@@ -33,19 +33,19 @@ CASES: list[tuple[str, dict[str, int], tuple[str, ...]]] = [
     # nn.Linear's bias added on store, then the row's layer norm; K = 36: the 16-byte kernel
     (
         "gemm_functional_layer_norm.py",
-        {"batch_size": 5, "in_features": 36, "out_features": 300},
+        {"batch_size": 5, "in_features": 36, "out_features": 500},
         ("self.prog.matmul_b ",),
     ),
     # a 3-D input: M is batch x sequence
     (
         "linear3d_transpose_mean.py",
-        {"batch_size": 3, "in_features": 20, "out_features": 24, "seq_len": 7},
+        {"batch_size": 3, "in_features": 20, "out_features": 250, "seq_len": 7},
         ("self.prog.matmul_b ",),
     ),
     # the first layer direct, the second reads relu(first): a prologue, so the graph's own tiles
     (
         "linear_sequential_relu_linear.py",
-        {"batch_size": 9, "in_features": 16, "out_features": 40},
+        {"batch_size": 9, "in_features": 16, "out_features": 250},
         ("self.prog.matmul_b ", "_lintile("),
     ),
 ]
@@ -61,8 +61,11 @@ def _recipe(key: str, shape: dict[str, int]) -> tuple[Any, Any]:
 
 def test_only_wide_products_take_the_kernels() -> None:
     """At the default threshold a small product keeps the graph's kernels; a full-size one takes sgemm_warp's."""
-    _, small = _recipe("gemm_add_relu.py", {"batch_size": 130, "in_features": 21, "out_features": 200})
+    _, small = _recipe("gemm_add_relu.py", {"batch_size": 130, "in_features": 21, "out_features": 250})
     assert "sgemm_warp's kernels" not in small.kernel
+    # enough tiles, but a narrow N: the graph's narrower tile wastes less (65536 x 10: 6% of a 256-wide tile)
+    _, narrow = _recipe("gemm_add_relu.py", {"batch_size": 65536, "in_features": 64, "out_features": 10})
+    assert "sgemm_warp's kernels" not in narrow.kernel
     _, full = _recipe("gemm_add_relu.py", {})
     assert "sgemm_warp's kernels" in full.kernel and "self.prog.matmul" in full.forward
 

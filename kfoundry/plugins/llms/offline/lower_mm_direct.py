@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
+from kfoundry.plugins.llms.offline import lower_mm_warp
 from kfoundry.plugins.llms.offline.cookbook_matmul import _epilogue
 from kfoundry.plugins.llms.offline.cookbook_sgemm_warp import DEFAULTS, _kernel
 from kfoundry.plugins.llms.offline.recognize import OpSpec
@@ -27,8 +28,14 @@ if TYPE_CHECKING:
 #: the fewest output tiles for which the kernels are taken (one per SM of an H200; tests set 0)
 MIN_TILES = 132
 
-#: sgemm_warp's default tile (its 0.90-0.94x of cuBLAS at 4096^3 on the H200)
-TILE = {k: DEFAULTS[k] for k in ("BM", "BN", "BK", "WM", "WN", "TM", "TN", "MINB", "SWZ")}
+#: the graph's widest warp tile (:data:`.lower_mm_warp.TILES`), sgemm_warp's default (its 0.90-0.94x of
+#: cuBLAS at 4096^3 on the H200): the products the graph would give that tile take these kernels
+_WIDEST = lower_mm_warp.TILES[0]
+TILE = {
+    **{k: getattr(_WIDEST, k) for k in ("BM", "BN", "BK", "WM", "WN", "TM", "TN")},
+    "MINB": DEFAULTS["MINB"],
+    "SWZ": DEFAULTS["SWZ"],
+}
 
 #: kernel names per variant (the bias variant's renamed: both may sit in one source)
 NAMES = {False: ("matmul", "matmul_u"), True: ("matmul_b", "matmul_ub")}
@@ -60,6 +67,9 @@ def linear(
         return None
     M, N = math.prod(out[:-1]), out[-1]
     if -(-M // TILE["BM"]) * -(-N // TILE["BN"]) < MIN_TILES:
+        return None
+    # the graph's own choice of tile for this product (its padding waste weighed) must be this one
+    if lower_mm_warp.pick((M, N), 0, min_tiles=MIN_TILES) != lower_mm_warp.TILES[0]:
         return None
     has_bias = bias is not None
     if has_bias not in L.direct_mm:
