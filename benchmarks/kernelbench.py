@@ -203,7 +203,8 @@ def _pick(
     not look), the top ``top`` and the naive one if ``top``; the rest go into the row's notes. A correct
     recipe whose call in the warm-up took over ``slow_s`` is not timed (``slow`` note): its second call's
     seconds (``run_s``, the build left out; the warm-up makes one only where the first call, build
-    included, took over a second), and only past ``SLOW_RATIO`` times eager's beside it (``eager_s``)."""
+    included, took over a second), and only past ``SLOW_RATIO`` times eager's beside it (``eager_s``);
+    nor is the recipe the warm-up was still running, past ``slow_s``, when it was cut (``Outcome.cut_in``)."""
     verdicts = outcome.verdicts if outcome else {}
     keep = []
     for recipe in sorted(recipes, key=lambda r: -r.rank):
@@ -212,6 +213,15 @@ def _pick(
         eager_s = v.get("eager_s", 0.0) if v is not None else 0.0
         if v is not None and v["status"] == "correct" and took > max(slow_s, SLOW_RATIO * eager_s):
             row.setdefault("slow", []).append(f"{recipe.name} ({took:.0f} s a call in the warm-up)")
+        elif (
+            v is None
+            and outcome is not None
+            and outcome.cut_in == recipe.name
+            and outcome.cut_after_s > slow_s
+        ):
+            row.setdefault("slow", []).append(
+                f"{recipe.name} (still running after {outcome.cut_after_s:.0f} s when the warm-up was cut)"
+            )
         elif v is None or v["status"] in ("correct", "unchecked"):
             keep.append(recipe)
         elif v["status"] == "wrong":

@@ -49,6 +49,11 @@ class Outcome:
     #: timing process skips it; otherwise (not warmed in time) the timing process compiles it itself
     fatal: bool = False
     seconds: float = 0.0
+    #: the recipe the warm-up was still running when its time ran out, and for how long it had run: past
+    #: ``--slow-s`` it is not timed (the timing process running it again would spend its row's whole
+    #: ``--row-s`` there)
+    cut_in: str = ""
+    cut_after_s: float = 0.0
 
 
 def _worker(backend_name: str, folder: str, compile_too: bool, conn: Any) -> None:
@@ -289,6 +294,8 @@ def warm_up(
             for s in slots:
                 if s.task is not None:
                     outcomes[s.task.key].error = f"warm-up cut: {why} (in {s.running or 'setup'})"
+                    outcomes[s.task.key].cut_in = s.running
+                    outcomes[s.task.key].cut_after_s = round(now - s.recipe_started, 3) if s.running else 0.0
                     s.proc.kill()
             for t in pending:
                 outcomes[t.key].error = f"not warmed: {why}"

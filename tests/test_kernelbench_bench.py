@@ -299,3 +299,29 @@ def test_a_crowded_device_is_not_the_problems_fault() -> None:
         ValueError("kfoundry: sibling reductions traced over one shape got ((2,), (3,))")
     )
     assert not device_crowded(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+def test_the_recipe_a_cut_warm_up_was_running_is_not_timed() -> None:
+    """The recipe still running, past ``--slow-s``, when the warm-up's time ran out (sdpa's naive one:
+    minutes a call) is left out with a note, where timing it again cost the row its whole ``--row-s`` (the
+    row was abandoned); the recipes the warm-up never reached are still timed (and checked)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench import _pick
+    from kernelbench_warm import Outcome
+
+    class R:
+        def __init__(self, name: str, rank: int) -> None:
+            self.name, self.rank = name, rank
+
+    recipes = [R("fused_coop", 2), R("fused", 1), R("unfused", 0), R("never_reached", -1)]
+    verdicts = {"fused_coop": {"status": "correct", "s": 1.8}}
+    outcome = Outcome(verdicts=verdicts, cut_in="unfused", cut_after_s=31.0)
+    row: dict[str, object] = {}
+    picked = _pick(recipes, outcome, row, 0, True, 5.0)
+    assert [r.name for r in picked] == ["fused_coop", "fused", "never_reached"]
+    assert row["slow"] == ["unfused (still running after 31 s when the warm-up was cut)"]
+    # cut a moment after it started: the deadline's doing, not the recipe's; timed
+    just_started = Outcome(verdicts=verdicts, cut_in="unfused", cut_after_s=0.4)
+    row = {}
+    assert [r.name for r in _pick(recipes, just_started, row, 0, True, 5.0)] == [r.name for r in recipes]
+    assert "slow" not in row
