@@ -22,6 +22,9 @@ from typing import Any
 import torch
 
 COL1D = r"""
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 extern "C" __global__ void col1d(const float* __restrict__ x, float* __restrict__ y, int B, int R, int C) {
     const long long cols = (long long)B * C;
     for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < cols; g += (long long)gridDim.x * blockDim.x) {
@@ -53,6 +56,9 @@ extern "C" __global__ void col1d(const float* __restrict__ x, float* __restrict_
 """
 
 COL2D = r"""
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 extern "C" __global__ void col2d(const float* __restrict__ x, float* __restrict__ y, int B, int R, int C) {
     __shared__ float smx[RS][33], sden[RS][33];
     const int tx = threadIdx.x, ty = threadIdx.y;
