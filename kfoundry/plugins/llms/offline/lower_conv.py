@@ -358,6 +358,14 @@ def emit_conv_gemm(
             const int k0 = k0s + 16, kbuf = cur ^ 1;
 {load}
         }}
+#if KF_FILL_EARLY
+        // the tap table of step s + 2 into the one step s - 1's loads read (before the last barrier): the
+        // first warp's integer divisions overlap the other warps' multiply-adds, not the barrier
+        if (tid < 16 && k0s + 32 < KK) {{
+            const int kfill = k0s + 32, kfb = cur;
+            {fill}
+        }}
+#endif
         #pragma unroll
         for (int kk = 0; kk < 16; ++kk) {{
             float av[CM], bv[CN];
@@ -382,10 +390,12 @@ def emit_conv_gemm(
             for (int l = 0; l < CM; ++l) As[cur ^ 1][tx][ty + 16 * l] = ra[l];
             #pragma unroll
             for (int l = 0; l < CN; ++l) Bs[cur ^ 1][bk + l * (16 / CN)][bj] = rb[l];
+#if !KF_FILL_EARLY
             if (tid < 16 && k0s + 32 < KK) {{
                 const int kfill = k0s + 32, kfb = cur;
                 {fill}
             }}
+#endif
         }}
         KF_BARRIER;
     }}
@@ -418,7 +428,8 @@ def emit_conv_gemm(
         "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n"
         "#else\n#define KF_JCOL(c) (tx * CN + (c))\n#endif\n"
     )
-    text = f"#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
+    fill_early = "#ifndef KF_FILL_EARLY\n#define KF_FILL_EARLY 1\n#endif\n"
+    text = f"{fill_early}#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
     nk = L.nk
     if transposed:
         p_py = "*".join(f"_cdiv({py_shape}[{2 + d}], {stride_py[d]})" for d in range(nd))
