@@ -34,6 +34,9 @@ from kernelbench import DATA  # noqa: E402
 from kernelbench_cache import prepare  # noqa: E402
 from kernelbench_run import close, expected_output  # noqa: E402
 
+#: ``--param NAME=VALUE`` overrides of every recipe's defaults
+PARAM_OVERRIDES: dict[str, int] = {}
+
 
 def _callable(name: str, problem: Any, ref: Any, device: Any, load: Any) -> Any:
     """The callable for ``name``: eager, compile or an offline recipe at its defaults."""
@@ -49,7 +52,8 @@ def _callable(name: str, problem: Any, ref: Any, device: Any, load: Any) -> Any:
     if name not in recipes:
         raise SystemExit(f"kernel_profile: no recipe {name!r} here (have: {', '.join(sorted(recipes))})")
     recipe = recipes[name]
-    namespace: dict[str, Any] = {"PARAMS": dict(recipe.defaults), "__name__": "kf_candidate", "load": load}
+    params = {**recipe.defaults, **PARAM_OVERRIDES}
+    namespace: dict[str, Any] = {"PARAMS": params, "__name__": "kf_candidate", "load": load}
     exec(compile(recipe.render(), recipe.name, "exec"), namespace)
     torch.manual_seed(0)
     return namespace["ModelNew"](*problem.make_init_inputs()).to(device)
@@ -108,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", action="append", default=[], help="a recipe name, eager or compile (repeat)")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--ncu", action="store_true", help="mark one call of each for Nsight Compute instead")
+    ap.add_argument("--param", action="append", default=[], help="NAME=INT: a template parameter (repeat)")
     ap.add_argument(
         "--small", action="store_true", help="the shapes of tests/data/kernelbench/small_shapes.json"
     )
     args = ap.parse_args(argv)
+    for spec in args.param:
+        name, _, value = spec.partition("=")
+        PARAM_OVERRIDES[name] = int(value)
     import torch
 
     from kfoundry.core.problem import load_problem
