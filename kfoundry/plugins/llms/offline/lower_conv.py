@@ -366,7 +366,15 @@ def emit_conv_gemm(
             {fill}
         }}
 #endif
+#if KF_KU == 2
+        #pragma unroll 2
+#elif KF_KU == 4
+        #pragma unroll 4
+#elif KF_KU == 8
+        #pragma unroll 8
+#else
         #pragma unroll
+#endif
         for (int kk = 0; kk < 16; ++kk) {{
             float av[CM], bv[CN];
 {_vec_read(lang, "av", "As[cur][kk]", "ty * CM", "CM")}
@@ -428,7 +436,7 @@ def emit_conv_gemm(
         "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n"
         "#else\n#define KF_JCOL(c) (tx * CN + (c))\n#endif\n"
     )
-    fill_early = "#ifndef KF_FILL_EARLY\n#define KF_FILL_EARLY 1\n#endif\n"
+    fill_early = "#ifndef KF_FILL_EARLY\n#define KF_FILL_EARLY 1\n#endif\n#ifndef KF_KU\n#define KF_KU 16\n#endif\n"
     text = f"{fill_early}#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
     nk = L.nk
     if transposed:
