@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from kfoundry.core.generator import GeneratorUnsupported
 from kfoundry.plugins.llms.offline import (
+    lower_colsoftmax,
     lower_conv,
     lower_group,
     lower_mm_direct,
@@ -888,6 +889,8 @@ def _vector_norm(L: Lowering, node: fx.Node) -> Val:
 def _softmax(L: Lowering, node: fx.Node, log: bool, src: Val | None = None, dim: int | None = None) -> Val:
     src = src or L.tensor(_args(node)[0])
     d = (dim if dim is not None else int(_arg(node, 1, "dim"))) % len(src.shape)
+    if L.fuse and lower_colsoftmax.applies(L, src.shape, d):  # a long strided dim: 32 columns x row slices
+        return lower_colsoftmax.column_softmax(L, node, src, d, log)
     n = L.order[node]
     L.fwd(f"S{n} = {src.py_shape}")
     f = lambda name: fn(name, L.lang)  # noqa: E731
