@@ -51,18 +51,18 @@ BODIES = {
 }
 
 
-def _hostile(batch: int, rows: int, cols: int) -> torch.Tensor:
+def _hostile(batch: int, rows: int, cols: int, slices: int) -> torch.Tensor:
     """Column 0-1 plain; 2: every slice but 3 all -inf; 3: all -inf; 4: one +inf; 5: one NaN; 6: the max
     in one slice (row 37), -inf elsewhere in that slice; 7: -inf at row 0 only; the rest plain."""
     torch.manual_seed(3)
     x = torch.randn(batch, rows, cols) * 3
-    sl = torch.arange(rows) % lower_colsoftmax.COL_SLICES
+    sl = torch.arange(rows) % slices
     x[:, sl != 3, 2] = -torch.inf
     x[:, :, 3] = -torch.inf
     x[1, 61, 4] = torch.inf
     x[0, 66, 5] = torch.nan
     x[:, 37, 6] = 50.0
-    x[:, (sl == 37 % lower_colsoftmax.COL_SLICES) & (torch.arange(rows) != 37), 6] = -torch.inf
+    x[:, (sl == 37 % slices) & (torch.arange(rows) != 37), 6] = -torch.inf
     x[:, 0, 7] = -torch.inf
     return x
 
@@ -81,8 +81,8 @@ def _model(tmp_path: Path, name: str, lang: str, recipe_name: str) -> tuple[Any,
     return namespace["ModelNew"](*problem.make_init_inputs()), problem, recipe.kernel
 
 
-def _check(model: Any, problem: Any) -> None:
-    x = _hostile(2, 70, 45)
+def _check(model: Any, problem: Any, lang: str) -> None:
+    x = _hostile(2, 70, 45, lower_colsoftmax.COL_SLICES[lang])
     with torch.no_grad():
         got = model(x)
         runtime.synchronize()
@@ -104,7 +104,7 @@ def test_column_softmax_merges_like_torch_on_pocl(name: str, tmp_path: Path) -> 
     pytest.importorskip("pyopencl")
     model, problem, kernel = _model(tmp_path, name, "opencl", "graph/fused")
     assert "softmax_cols(" in kernel
-    _check(model, problem)
+    _check(model, problem, "opencl")
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
@@ -118,7 +118,7 @@ def test_column_softmax_merges_like_torch_on_the_cuda_emulation(
     monkeypatch.setattr(runtime, "load", emu.emu_load)
     model, problem, kernel = _model(tmp_path, name, "cuda", "graph/fused_coop")
     assert "softmax_cols(" in kernel and "kf_smx" in kernel
-    _check(model, problem)
+    _check(model, problem, "cuda")
 
 
 def test_short_columns_and_the_innermost_dim_keep_the_row_schedules(tmp_path: Path) -> None:
