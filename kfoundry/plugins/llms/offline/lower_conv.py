@@ -436,8 +436,10 @@ def emit_conv_gemm(
         "#if CN >= 4\n#define KF_JCOL(c) (((c) / 4) * 64 + tx * 4 + ((c) & 3))\n"
         "#else\n#define KF_JCOL(c) (tx * CN + (c))\n#endif\n"
     )
-    fill_early = "#ifndef KF_FILL_EARLY\n#define KF_FILL_EARLY 1\n#endif\n#ifndef KF_KU\n#define KF_KU 16\n#endif\n"
-    text = f"{fill_early}#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
+    defaults = (
+        "#ifndef KF_FILL_EARLY\n#define KF_FILL_EARLY 1\n#endif\n#ifndef KF_KU\n#define KF_KU 16\n#endif\n"
+    )
+    text = f"{defaults}#define KF_CFMA(a, b, c) {fma}\n{jcol}" + text + "\n#undef KF_CFMA\n#undef KF_JCOL"
     nk = L.nk
     if transposed:
         p_py = "*".join(f"_cdiv({py_shape}[{2 + d}], {stride_py[d]})" for d in range(nd))
