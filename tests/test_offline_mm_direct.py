@@ -87,10 +87,10 @@ def test_direct_linear_matches_eager_on_the_cpu_emulation(
 
 #: problem and shape of the split-K cases (few output tiles, a long K)
 SPLIT_CASES: list[tuple[str, dict[str, int]]] = [
-    # nn.Linear's bias added by the slices' sum; K = 1030: the 4-byte kernel, two slices, the last ragged
-    ("gemm_functional_layer_norm.py", {"batch_size": 5, "in_features": 1030, "out_features": 300}),
-    # no bias; K = 2048: the 16-byte kernel, four slices of 512
-    ("gemm_add_relu.py", {"batch_size": 7, "in_features": 2048, "out_features": 130}),
+    # nn.Linear's bias added by the slices' sum; K = 2054: the 4-byte kernel, four slices, the last ragged
+    ("gemm_functional_layer_norm.py", {"batch_size": 5, "in_features": 2054, "out_features": 300}),
+    # no bias; K = 4096: the 16-byte kernel, eight slices of 512
+    ("gemm_add_relu.py", {"batch_size": 7, "in_features": 4096, "out_features": 130}),
 ]
 
 
@@ -99,13 +99,14 @@ SPLIT_CASES: list[tuple[str, dict[str, int]]] = [
 def test_few_tiles_split_k_matches_eager_on_the_cpu_emulation(
     key: str, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Too few tiles to fill the GPU (here: fewer than 64) and a long K: K's slices into a workspace, then
-    the sum kernel (with the bias); a K too short to split keeps the graph's own kernels."""
+    """Too few tiles to fill the GPU (here: fewer than 8) and a K long enough that the tiles' slices do:
+    K's slices into a workspace, then the sum kernel (with the bias). A K too short to split, or one whose
+    slices would still leave the GPU idle, keeps the graph's own kernels."""
     monkeypatch.setattr(runtime, "load", emu.emu_load)
-    monkeypatch.setattr(lower_mm_direct, "MIN_TILES", 64)
+    monkeypatch.setattr(lower_mm_direct, "MIN_TILES", 8)
     problem, recipe = _recipe(key, shape)
     assert "matmul_sum" in recipe.forward and "torch.empty((Z" in recipe.forward, key
-    short = {**shape, "in_features": 2 * lower_mm_direct.SPLIT_MIN_K - 4}
-    assert "sgemm_warp's kernels" not in _recipe(key, short)[1].kernel
+    for k in (2 * lower_mm_direct.SPLIT_MIN_K - 4, 2 * lower_mm_direct.SPLIT_MIN_K):  # too short; too few
+        assert "sgemm_warp's kernels" not in _recipe(key, {**shape, "in_features": k})[1].kernel, k
     got, expected = run_against_eager(problem, recipe)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -10,7 +10,7 @@ kernel chosen in ``forward``. The bias is added on store; the rest of the layer'
 to the kernels that read the product (one more pass over M x N, against the K passes of the product).
 
 Where no tile gives the product enough tiles to fill the GPU (a small M x N, a long K: a linear layer after a
-flatten) the layer splits K as ``matmul/sgemm_warp`` does: each slice's partial tile into a workspace, then
+flatten) but K's slices would, the layer splits K as ``matmul/sgemm_warp`` does: each slice's partial tile into a workspace, then
 ``matmul_sum`` adds the slices in order (deterministic) and the bias. Without the split the graph's own
 register-blocked kernel ran one thread block per output tile over the whole of K (2.32 ms where cuBLAS took
 0.94 on conv1d_maxpool_flatten_linear's 1024 x 1024 x 16384 layer, H100, session 17).
@@ -75,9 +75,13 @@ def linear(
         return None
     M, N, K = math.prod(out[:-1]), out[-1], x.shape[-1]
     picked = lower_mm_warp.pick((M, N), 0, min_tiles=MIN_TILES)
+    tiles = -(-M // TILE["BM"]) * -(-N // TILE["BN"])
+    slices = max(1, min(64, 2 * max(MIN_TILES, 1) // tiles, K // SPLIT_MIN_K))
     # the graph's own choice of tile for this product (its padding waste weighed) must be this one, or no
-    # tile fills the GPU and K is long enough to split
-    if picked != lower_mm_warp.TILES[0] and not (picked is None and K >= 2 * SPLIT_MIN_K):
+    # tile fills the GPU and K splits into enough slices that the tiles' slices do (a small product, e.g.
+    # 128 x 512 x 1024, keeps the graph's smaller tiles over the whole of K)
+    split = picked is None and K >= 2 * SPLIT_MIN_K and tiles * slices >= MIN_TILES
+    if picked != lower_mm_warp.TILES[0] and not split:
         return None
     has_bias = bias is not None
     if has_bias not in L.direct_mm:
