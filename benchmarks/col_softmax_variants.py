@@ -15,11 +15,15 @@ measured copy's bandwidth over those passes, x eager, x torch.compile.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernelbench_run import make_timer, time_ms  # noqa: E402
 
 COL1D = r"""
 #ifndef INFINITY
@@ -103,21 +107,8 @@ extern "C" __global__ void col2d(const float* __restrict__ x, float* __restrict_
 
 
 def _time(fn: Any, budget_s: float) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    reps = int(min(50, max(5, budget_s / max(time.perf_counter() - t0, 1e-6))))
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    """Median ms of ``fn`` over about ``budget_s`` of calls: the table's own CUDA-event timer."""
+    return time_ms(fn, make_timer(torch.device("cuda")), budget_s)
 
 
 def main(argv: list[str] | None = None) -> int:

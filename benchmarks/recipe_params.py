@@ -15,34 +15,23 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernelbench_run import RTOL, make_timer, time_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "kernelbench"
 
 
 def _time(fn: Any, budget_s: float) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    reps = int(min(50, max(5, budget_s / max(time.perf_counter() - t0, 1e-6))))
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    """Median ms of ``fn`` over about ``budget_s`` of calls: the table's own CUDA-event timer."""
+    return time_ms(fn, make_timer(torch.device("cuda")), budget_s)
 
 
 def _grid(specs: list[str]) -> list[dict[str, int]]:
@@ -112,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 with torch.no_grad():
                     got = model(*inputs)
                     torch.cuda.synchronize()
-                    ok = bool(torch.allclose(got.float(), expected.float(), rtol=1e-3, atol=1e-3))
+                    ok = bool(torch.allclose(got.float(), expected.float(), rtol=RTOL, atol=RTOL))
                     ms = _time(lambda m=model, a=inputs: m(*a), args.budget_s) if ok else float("nan")
             except Exception as exc:  # noqa: BLE001  (a setting that fails is reported, not fatal)
                 print(

@@ -14,7 +14,6 @@ softmax_dim1_3d's (64, 4096, 4095), against torch.compile's 7.33 (H100, session 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.fx as fx
@@ -52,22 +51,9 @@ def applies(L: Lowering, shape: tuple[int, ...], d: int) -> bool:
     return L.lang in COL_SLICES and applies_shape(shape, d)
 
 
-def _sliced_loop(S: int, q: str, count: str, x: Callable[[str], str], step: Callable[[str, str], str]) -> str:
-    """A loop over this slice's rows (``kf_ty``, ``kf_ty + S``, ...) below ``count``, ``UNROLL`` loads in
-    flight; ``step(v, q)`` consumes each value in order."""
-    n = f"(kf_long)({count})"
-    loads = " ".join(f"const float {q}v{k} = {x(f'({q} + {k * S})')};" for k in range(UNROLL))
-    uses = " ".join(step(f"{q}v{k}", f"({q} + {k * S})") for k in range(UNROLL))
-    return (
-        f"kf_long {q} = kf_ty;\n"
-        f"            for (; {q} + {(UNROLL - 1) * S} < {n}; {q} += {UNROLL * S}) {{ {loads} {uses} }}\n"
-        f"            for (; {q} < {n}; {q} += {S}) {{ const float {q}v0 = {x(q)}; {step(f'{q}v0', q)} }}"
-    )
-
-
 def column_softmax(L: Lowering, node: fx.Node, src: Val, d: int, log: bool) -> Val:
     """The (log-)softmax of ``src`` over ``d`` in work-groups of 32 columns x ``COL_SLICES[lang]`` row slices."""
-    from kfoundry.plugins.llms.offline.lower_ops import _online_step
+    from kfoundry.plugins.llms.offline.lower_ops import _online_step, unrolled_loop
 
     n = L.order[node]
     py_shape = f"S{n}"
@@ -89,9 +75,8 @@ def column_softmax(L: Lowering, node: fx.Node, src: Val, d: int, log: bool) -> V
         return f"{{ float acc = {value}; y[{horner(cs, dims)}] = {e}; }}"
 
     S = COL_SLICES[L.lang]
-    q1, q2 = L.fresh("q"), L.fresh("q")
     value = (lambda v: f"(({v}) - mx - {lg}(den))") if log else (lambda v: f"({exp}(({v}) - mx) * rden)")
-    write = _sliced_loop(S, q2, R, x, lambda v, q: store(q, value(v)))
+    write = unrolled_loop(L, R, x, lambda v, q: store(q, value(v)), "kf_ty", UNROLL, S)
     body = f"""    KF_LOCAL float kf_smx[{S}][33];
     KF_LOCAL float kf_sden[{S}][33];
     const int kf_tx = KF_LID(0), kf_ty = KF_LID(1);
@@ -100,7 +85,7 @@ def column_softmax(L: Lowering, node: fx.Node, src: Val, d: int, log: bool) -> V
     const int kf_live = g < rows;
     float mx = -INFINITY, den = 0.0f;
     if (kf_live) {{
-{decompose("g", [dims[k] for k in keep], [coords[k] for k in keep], "rows")}            {_sliced_loop(S, q1, R, x, lambda v, _: _online_step(v, exp))}
+{decompose("g", [dims[k] for k in keep], [coords[k] for k in keep], "rows")}            {unrolled_loop(L, R, x, lambda v, _: _online_step(v, exp), "kf_ty", UNROLL, S)}
     }}
     kf_smx[kf_ty][kf_tx] = mx;
     kf_sden[kf_ty][kf_tx] = den;

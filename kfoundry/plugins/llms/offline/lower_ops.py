@@ -543,19 +543,22 @@ def unrolled_loop(
     step: Callable[[str, str], str],
     start: str = "0",
     width: int = 8,
+    stride: int = 1,
 ) -> str:
-    """A loop over ``start`` <= q < count with ``width`` loads in flight: ``x(q)`` the value, ``step(v, q)``
-    the statement consuming it (in order, so a running result sees the terms as the plain loop does). A
-    thread per output walks its column with nothing else to cover the loads' latency: eight in flight
-    (four left arg-max/min and prod at 60-70% of the copy rate on the H200, session 13's profile)."""
+    """A loop over q = ``start``, ``start + stride``, ... below count with ``width`` loads in flight:
+    ``x(q)`` the value, ``step(v, q)`` the statement consuming it (in order, so a running result sees the
+    terms as the plain loop does). A thread per output walks its column with nothing else to cover the
+    loads' latency: eight in flight (four left arg-max/min and prod at 60-70% of the copy rate on the
+    H200, session 13's profile)."""
     q = L.fresh("q")
     n = f"(kf_long)({count})"
-    loads = " ".join(f"const float {q}v{k} = {x(f'({q} + {k})')};" for k in range(width))
-    uses = " ".join(step(f"{q}v{k}", f"({q} + {k})") for k in range(width))
+    loads = " ".join(f"const float {q}v{k} = {x(f'({q} + {k * stride})')};" for k in range(width))
+    uses = " ".join(step(f"{q}v{k}", f"({q} + {k * stride})") for k in range(width))
+    tail = f"++{q}" if stride == 1 else f"{q} += {stride}"
     return (
         f"kf_long {q} = {start};\n"
-        f"        for (; {q} + {width - 1} < {n}; {q} += {width}) {{ {loads} {uses} }}\n"
-        f"        for (; {q} < {n}; ++{q}) {{ const float {q}v0 = {x(q)}; {step(f'{q}v0', q)} }}"
+        f"        for (; {q} + {(width - 1) * stride} < {n}; {q} += {width * stride}) {{ {loads} {uses} }}\n"
+        f"        for (; {q} < {n}; {tail}) {{ const float {q}v0 = {x(q)}; {step(f'{q}v0', q)} }}"
     )
 
 
